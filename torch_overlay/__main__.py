@@ -1,0 +1,4 @@
+from torch_overlay._overlay.cli import main
+
+
+raise SystemExit(main())

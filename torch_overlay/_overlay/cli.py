@@ -1,0 +1,112 @@
+"""``python -m torch_overlay``: status, edit, refresh, materialize, install-pth."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+
+from . import importer, materialize, series, workflow
+from .errors import OverlayError
+
+
+def _status(args) -> int:
+    info: dict = {
+        "base": series.base_version(),
+        "series_hash": series.series_hash(),
+        "patches_dir": str(series.patches_dir()),
+        "active": importer.is_active(),
+    }
+    try:
+        torch_root, torch_version = importer.find_torch()
+        info["installed_torch"] = torch_version
+        info["torch_location"] = str(torch_root / "torch")
+    except OverlayError as e:
+        info["installed_torch"] = None
+        info["torch_location"] = str(e)
+        torch_version = None
+    cache = materialize.default_cache_root()
+    if torch_version:
+        cache = cache / f"torch-{torch_version}-{info['series_hash'][:16]}"
+    info["cache"] = str(cache)
+    info["cache_built"] = (cache / materialize.MANIFEST).exists()
+    info["patches"] = [
+        {"name": p.name, "subject": p.subject} for p in series.read_series()
+    ]
+    info["mirrored_modules"] = sorted(series.mirrored_modules())
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"base torch:       {info['base']}")
+    print(f"installed torch:  {info['installed_torch']} ({info['torch_location']})")
+    print(f"overlay active:   {'yes' if info['active'] else 'no'}")
+    print(f"series hash:      {info['series_hash'][:16]}")
+    print(f"cache:            {info['cache']} ({'built' if info['cache_built'] else 'not built'})")
+    print(f"patches ({len(info['patches'])}, {info['patches_dir']}):")
+    for p in info["patches"]:
+        print(f"  {p['name']}\n      {p['subject']}")
+    print(f"mirrored new modules ({len(info['mirrored_modules'])}):")
+    for name in info["mirrored_modules"]:
+        print(f"  {name}")
+    return 0
+
+
+def _materialize(args) -> int:
+    torch_root, torch_version = importer.find_torch()
+    importer.check_torch_version(torch_version, str(torch_root / "torch"))
+    tree = materialize.materialize(
+        torch_root, torch_version, series.series_hash(), force=args.force
+    )
+    print(tree.root)
+    return 0
+
+
+def _edit(args) -> int:
+    work = workflow.edit(Path(args.work_dir), force=args.force)
+    print(f"patched torch sources checked out in {work}; one commit per patch on top of tag {workflow.BASE_TAG}")
+    return 0
+
+
+def _refresh(args) -> int:
+    names = workflow.refresh(Path(args.work_dir))
+    print(f"wrote {len(names)} patches to {series.patches_dir()}")
+    for name in names:
+        print(f"  {name}")
+    return 0
+
+
+def _install_pth(args) -> int:
+    target = Path(sysconfig.get_path("purelib")) / "torch_overlay.pth"
+    shutil.copyfile(series.REPO_ROOT / "torch_overlay.pth", target)
+    print(target)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torch_overlay", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("status", help="base, installed torch, patches, cache")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_status)
+    p = sub.add_parser("materialize", help="build the patched-source cache now")
+    p.add_argument("--force", action="store_true")
+    p.set_defaults(fn=_materialize)
+    default_work = str(series.REPO_ROOT / ".overlay-work")
+    p = sub.add_parser("edit", help="check the series out into a git tree")
+    p.add_argument("work_dir", nargs="?", default=default_work)
+    p.add_argument("--force", action="store_true", help="replace an existing tree")
+    p.set_defaults(fn=_edit)
+    p = sub.add_parser("refresh", help="regenerate the patches from the edit tree")
+    p.add_argument("work_dir", nargs="?", default=default_work)
+    p.set_defaults(fn=_refresh)
+    p = sub.add_parser("install-pth", help="install torch_overlay.pth into this environment")
+    p.set_defaults(fn=_install_pth)
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except OverlayError as e:
+        print(f"torch_overlay: error: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,144 @@
+"""The patch set: where it lives, what it contains, and its identity (hash).
+
+The patch set is two things (see DESIGN.md): an ordered series of ``git
+format-patch`` files under ``patches/v<base>/`` that change EXISTING torch files,
+and mirrored NEW torch modules under ``torch_overlay/`` (``torch/X/y.py`` lives at
+``torch_overlay/X/y.py``). This module reads both without importing torch and
+without running any tool, so that activation stays cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import re
+from pathlib import Path
+
+from .errors import OverlayError
+
+
+log = logging.getLogger(__name__)
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+REPO_ROOT = PACKAGE_DIR.parent
+
+# Directories of torch_overlay/ that hold machinery, not mirrored torch modules.
+MACHINERY_DIRS = frozenset({"_overlay", "csrc", "__pycache__"})
+MACHINERY_FILES = frozenset({"__init__.py", "__main__.py"})
+
+
+def base_version() -> str:
+    """The torch release the patch set is written against (pinned in one file)."""
+    return (Path(__file__).parent / "base_version.txt").read_text().strip()
+
+
+def patches_dir() -> Path:
+    override = os.environ.get("TORCH_OVERLAY_PATCHES_DIR")
+    if override:
+        return Path(override)
+    return REPO_ROOT / "patches" / f"v{base_version()}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    name: str
+    path: Path
+    subject: str
+
+
+def _read_subject(path: Path) -> str:
+    """The Subject header of a format-patch file, unfolded, without ``[PATCH]``."""
+    lines = path.read_text(errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Subject:"):
+            subject = line[len("Subject:") :].strip()
+            for cont in lines[i + 1 :]:
+                if not cont.startswith((" ", "\t")):
+                    break
+                subject += " " + cont.strip()
+            return re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
+        if not line.strip():
+            break
+    return "(no subject)"
+
+
+def series_names(directory: Path | None = None) -> list[str]:
+    """Patch names in ``series`` order (quilt format: one a line, ``#`` comments)."""
+    series_file = (directory or patches_dir()) / "series"
+    if not series_file.exists():
+        return []
+    names = []
+    for raw in series_file.read_text().splitlines():
+        name = raw.split("#", 1)[0].strip()
+        if name:
+            names.append(name)
+    return names
+
+
+def read_series(directory: Path | None = None) -> list[Patch]:
+    """The patches of ``series``, in order; a listed patch that is missing is an error."""
+    directory = directory or patches_dir()
+    patches = []
+    for name in series_names(directory):
+        path = directory / name
+        if not path.is_file():
+            raise OverlayError(
+                f"{directory / 'series'} lists {name}, but {path} does not exist"
+            )
+        patches.append(Patch(name, path, _read_subject(path)))
+    return patches
+
+
+def mirrored_modules(package_dir: Path | None = None) -> dict[str, Path]:
+    """Map ``torch.X.y`` -> ``torch_overlay/X/y.py`` for every mirrored new module."""
+    package_dir = package_dir or PACKAGE_DIR
+    result: dict[str, Path] = {}
+    for root, dirs, files in os.walk(package_dir):
+        rel_root = Path(root).relative_to(package_dir)
+        if rel_root == Path("."):
+            dirs[:] = sorted(d for d in dirs if d not in MACHINERY_DIRS)
+        else:
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for fname in sorted(files):
+            if not fname.endswith(".py"):
+                continue
+            if rel_root == Path(".") and fname in MACHINERY_FILES:
+                continue
+            rel = rel_root / fname
+            parts = list(rel.with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            result[".".join(["torch", *parts])] = Path(root) / fname
+    return result
+
+
+def mirrored_relpath(module_file: Path, package_dir: Path | None = None) -> str:
+    """``torch_overlay/X/y.py`` -> ``torch/X/y.py`` (the upstream path)."""
+    package_dir = package_dir or PACKAGE_DIR
+    return str(Path("torch") / module_file.relative_to(package_dir))
+
+
+def _hash_files(paths: tuple[tuple[str, str], ...], base: str) -> str:
+    digest = hashlib.sha256(f"base={base}\n".encode())
+    for label, path in paths:
+        digest.update(label.encode() + b"\0")
+        digest.update(Path(path).read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def series_hash(directory: Path | None = None) -> str:
+    """Identity of the patch series: the base release, ``series`` and every patch.
+
+    Keys the materialised cache (patched sources depend on nothing else) and names
+    the patched wheel.
+    """
+    directory = directory or patches_dir()
+    series_file = directory / "series"
+    entries = []
+    if series_file.exists():
+        entries.append(("series", str(series_file)))
+    entries += [(p.name, str(p.path)) for p in read_series(directory)]
+    return _hash_files(tuple(entries), base_version())

@@ -1,0 +1,165 @@
+"""Developer workflow: check the series out into a git tree, edit, refresh the patches.
+
+``edit`` builds a git repository whose first commit is the installed torch's
+pristine Python sources (tagged ``overlay-base``) and then ``git am``'s every patch
+of the series, one commit per patch. A developer edits torch files there and
+commits (a new commit is a new patch; ``git commit --amend`` or an interactive
+rebase changes an existing one). ``refresh`` turns ``overlay-base..HEAD`` back into
+the series with ``git format-patch``: this is quilt's push / refresh cycle with git
+doing the work.
+
+# NOTE: [Stable patch files]
+# refresh must be idempotent, so the patches are written with --zero-commit (no
+# commit hash in the "From" line), --no-signature (no git version) and
+# --no-numbered (the subject does not change when the series grows); the author
+# date survives git am. Files are named after the subject as format-patch does,
+# minus its "NNNN-" counter, so reordering the series renames nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from .errors import OverlayError
+from .series import base_version, patches_dir, read_series, series_names
+
+
+log = logging.getLogger(__name__)
+
+BASE_TAG = "overlay-base"
+_IDENTITY = {
+    "GIT_AUTHOR_NAME": "torch_overlay",
+    "GIT_AUTHOR_EMAIL": "torch_overlay@localhost",
+    "GIT_COMMITTER_NAME": "torch_overlay",
+    "GIT_COMMITTER_EMAIL": "torch_overlay@localhost",
+    # A fixed date for the pristine commit keeps the base identical across edits.
+    "GIT_AUTHOR_DATE": "2025-06-04T00:00:00+00:00",
+    "GIT_COMMITTER_DATE": "2025-06-04T00:00:00+00:00",
+}
+
+
+def git(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+    full_env = dict(os.environ)
+    full_env["GIT_CEILING_DIRECTORIES"] = str(Path(cwd).resolve().parent)
+    full_env.pop("GIT_DIR", None)
+    full_env.pop("GIT_WORK_TREE", None)
+    if env:
+        full_env.update(env)
+    proc = subprocess.run(
+        ["git", *args], cwd=cwd, env=full_env, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise OverlayError(
+            f"`git {' '.join(args)}` failed in {cwd}:\n{proc.stderr.strip()}"
+        )
+    return proc.stdout
+
+
+def copy_pristine_sources(torch_dir: Path, dest: Path, suffixes=(".py",)) -> int:
+    """Copy the installed torch's Python sources to ``dest/torch``; return a count."""
+    count = 0
+    for root, dirs, files in os.walk(torch_dir):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        rel_root = Path(root).relative_to(torch_dir)
+        for fname in files:
+            if fname.endswith(suffixes):
+                target = dest / "torch" / rel_root / fname
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(Path(root) / fname, target)
+                count += 1
+    return count
+
+
+def init_pristine_repo(work_dir: Path, torch_dir: Path, torch_version: str) -> None:
+    """A git repo holding torch's pristine Python sources, tagged ``overlay-base``."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    git(["init", "-q", "-b", "main"], work_dir)
+    copy_pristine_sources(torch_dir, work_dir)
+    git(["add", "-A", "torch"], work_dir)
+    git(
+        ["commit", "-q", "-m", f"torch {torch_version}: pristine Python sources"],
+        work_dir,
+        env=_IDENTITY,
+    )
+    git(["tag", BASE_TAG], work_dir)
+
+
+def edit(work_dir: Path, directory: Path | None = None, force: bool = False) -> Path:
+    """Check the series out into ``work_dir`` as one commit per patch."""
+    from .importer import check_torch_version, find_torch
+
+    directory = directory or patches_dir()
+    work_dir = Path(work_dir).resolve()
+    if work_dir.exists() and any(work_dir.iterdir()):
+        if not force:
+            raise OverlayError(
+                f"{work_dir} already exists; refresh it, remove it, or pass --force"
+            )
+        shutil.rmtree(work_dir)
+    torch_root, torch_version = find_torch()
+    check_torch_version(torch_version, str(torch_root / "torch"))
+    init_pristine_repo(work_dir, torch_root / "torch", torch_version)
+    patches = read_series(directory)
+    if patches:
+        committer = {k: v for k, v in _IDENTITY.items() if k.startswith("GIT_COMMITTER_")}
+        git(
+            ["am", "-q", "--keep-cr", "--committer-date-is-author-date"]
+            + [str(p.path.resolve()) for p in patches],
+            work_dir,
+            env={k: v for k, v in committer.items() if k != "GIT_COMMITTER_DATE"},
+        )
+    log.info("torch_overlay: %d patches checked out in %s", len(patches), work_dir)
+    return work_dir
+
+
+_COUNTER = re.compile(r"^\d{4}-")
+
+
+def refresh(work_dir: Path, directory: Path | None = None) -> list[str]:
+    """Rewrite the series from ``overlay-base..HEAD`` of ``work_dir``."""
+    directory = Path(directory or patches_dir())
+    work_dir = Path(work_dir).resolve()
+    if not (work_dir / ".git").exists():
+        raise OverlayError(f"{work_dir} is not an edit tree; run `python -m torch_overlay edit` first")
+    status = git(["status", "--porcelain", "--untracked-files=no"], work_dir)
+    if status.strip():
+        raise OverlayError(
+            f"{work_dir} has uncommitted changes; commit them (a new commit is a new "
+            "patch, --amend changes the last one) before refresh:\n" + status
+        )
+    with tempfile.TemporaryDirectory() as out:
+        git(
+            [
+                "format-patch",
+                "-q",
+                "--zero-commit",
+                "--no-signature",
+                "--no-numbered",
+                "--filename-max-length=100",
+                "-o",
+                out,
+                f"{BASE_TAG}..HEAD",
+            ],
+            work_dir,
+        )
+        produced = sorted(Path(out).iterdir())
+        names = [_COUNTER.sub("", p.name) for p in produced]
+        if len(set(names)) != len(names):
+            raise OverlayError("two patches have the same subject; make the subjects unique")
+        directory.mkdir(parents=True, exist_ok=True)
+        old = set(series_names(directory))
+        for src, name in zip(produced, names):
+            shutil.copyfile(src, directory / name)
+        for stale in old - set(names):
+            (directory / stale).unlink(missing_ok=True)
+    (directory / "series").write_text(
+        f"# torch_overlay patch series against torch {base_version()}; applied in order.\n"
+        + "".join(f"{name}\n" for name in names)
+    )
+    return names
