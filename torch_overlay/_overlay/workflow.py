@@ -109,7 +109,7 @@ def edit(work_dir: Path, directory: Path | None = None, force: bool = False) -> 
     if patches:
         committer = {k: v for k, v in _IDENTITY.items() if k.startswith("GIT_COMMITTER_")}
         git(
-            ["am", "-q", "--keep-cr", "--committer-date-is-author-date"]
+            ["am", "-q", "--keep-cr", "--keep-non-patch", "--committer-date-is-author-date"]
             + [str(p.path.resolve()) for p in patches],
             work_dir,
             env={k: v for k, v in committer.items() if k != "GIT_COMMITTER_DATE"},
