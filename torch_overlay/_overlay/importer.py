@@ -254,6 +254,14 @@ class OverlayFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _excepthook_with_linecache(exc_type, exc, tb) -> None:
+    """The default hook reads source lines from disk, not from ``linecache``;
+    ``traceback`` prints the same report with the lines that actually ran."""
+    import traceback
+
+    traceback.print_exception(exc_type, exc, tb)
+
+
 def is_active() -> bool:
     return _active_finder is not None
 
@@ -292,6 +300,8 @@ def activate() -> OverlayFinder:
             raise ActivationTooLateError(too_late)
         sys.meta_path.insert(0, finder)
         _active_finder = finder
+        if sys.excepthook is sys.__excepthook__:
+            sys.excepthook = _excepthook_with_linecache
         log.debug("torch_overlay: active, serving %d modules", len(finder.served))
         return finder
 
@@ -306,3 +316,5 @@ def deactivate() -> None:
             except ValueError:
                 pass
             _active_finder = None
+            if sys.excepthook is _excepthook_with_linecache:
+                sys.excepthook = sys.__excepthook__
