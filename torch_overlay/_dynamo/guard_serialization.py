@@ -191,6 +191,14 @@ class _ObjectStandIn:
     state: dict
 
 
+@dataclasses.dataclass(frozen=True)
+class _FrozenObjectStandIn:
+    """A hashable instance (a frozen dataclass, used as a dict key or set item)."""
+
+    cls: tuple  # (module, path)
+    state: tuple  # sorted (name, value) pairs
+
+
 @dataclasses.dataclass
 class _TensorStandIn:
     dtype: str
@@ -266,6 +274,9 @@ class UnresolvedName:
 
 _CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis))
 
+# Classes whose own __new__ makes an empty instance without side effects.
+_SAFE_NEW_TYPES = (types.SimpleNamespace,)
+
 
 def _is_constant(value) -> bool:
     return type(value) in _CONSTANT_TYPES or value is NotImplemented
@@ -283,7 +294,9 @@ def _resolve_path(root, path: str):
     return obj
 
 
-def find_stable_name(obj, source=None, global_module: Optional[str] = None):
+def find_stable_name(
+    obj, source=None, global_module: Optional[str] = None, recorded_values=None
+):
     """A (module, attribute path) that resolves to ``obj`` in any process, or None."""
     if isinstance(obj, types.ModuleType):
         name = getattr(obj, "__name__", None)
@@ -320,25 +333,37 @@ def find_stable_name(obj, source=None, global_module: Optional[str] = None):
         if owner is not None and getattr(self_module, name, None) is obj:
             return _NamedRef(owner.module, f"{owner.path}.{name}".lstrip("."))
     if source is not None:
-        return _stable_name_from_source(obj, source, global_module)
+        return _stable_name_from_source(obj, source, global_module, recorded_values)
     return None
 
 
-def _stable_name_from_source(obj, source, global_module):
-    """G['x'].a.b (and <named object>.a.b) resolve by the same path at load."""
+def _stable_name_from_source(obj, source, global_module, recorded_values=None):
+    """``G['x'].a.b`` resolves by the same path at load, and so does ``<base>.a.b``
+    when the value of ``<base>`` has a stable name (``L['fn'].__code__`` of a
+    module-level function ``fn`` is ``module.fn.__code__``)."""
     from torch._dynamo.source import AttrSource, GlobalSource
+    from torch._guards import ChainedSource
 
     attrs = []
     node = source
-    while isinstance(node, AttrSource):
-        attrs.append(node.member)
+    while isinstance(node, ChainedSource):
+        if isinstance(node, AttrSource):
+            attrs.append(node.member)
+        elif node.name() != node.base.name():
+            return None  # not an attribute path (item access, call...)
         node = node.base
+    if not attrs and not isinstance(node, GlobalSource):
+        return None
     attrs.reverse()
     if isinstance(node, GlobalSource) and global_module in sys.modules:
         root_ref = _NamedRef(global_module, node.global_name)
+    elif recorded_values is not None and node.name() in recorded_values:
+        root_ref = find_stable_name(recorded_values[node.name()])
+        if root_ref is None:
+            return None
     else:
         return None
-    path = ".".join([root_ref.path, *attrs]) if root_ref.path else ".".join(attrs)
+    path = ".".join(p for p in [root_ref.path, *attrs] if p)
     try:
         if _resolve_path(sys.modules[root_ref.module], path) is obj:
             return _NamedRef(root_ref.module, path)
@@ -403,7 +428,9 @@ class _StandInConverter:
         path = self.path_of(obj, path)
         if key in self.recorder.identity:
             guard_type, source_name, source = self.recorder.identity[key]
-            ref = find_stable_name(obj, source, self.recorder.global_module)
+            ref = find_stable_name(
+                obj, source, self.recorder.global_module, self.recorder.values
+            )
             if ref is None:
                 what = type(obj).__qualname__
                 raise PackageError(
@@ -412,8 +439,8 @@ class _StandInConverter:
                         source_name,
                         f"it guards on the identity of a {what} that has no stable "
                         "name in another process; define it at module scope (a "
-                        "class defined inside a function cannot be found again) or "
-                        "pass it as an input",
+                        "class or function defined inside a function cannot be "
+                        "found again) or pass it as an input",
                     )
                 )
             self.memo[key] = ref
@@ -445,6 +472,7 @@ class _StandInConverter:
                 obj,
                 self._source_for(obj),
                 self.recorder.global_module,
+                self.recorder.values,
             )
             if ref is None:
                 return self._unnamed(obj, path, guarded)
@@ -512,6 +540,10 @@ class _StandInConverter:
         return entry[2] if entry else None
 
     def _unnamed(self, obj, path, guarded):
+        if isinstance(obj, (types.FunctionType, types.CodeType)):
+            # Read only as the base of other guarded values (whose own values are
+            # recorded); an identity guard on it is refused where it is required.
+            return _Placeholder(type(obj).__qualname__)
         if guarded:
             raise PackageError(
                 f"guarded value {path} ({obj!r:.80}) has no stable name in another "
@@ -522,6 +554,22 @@ class _StandInConverter:
     def _key(self, k, path):
         if _is_constant(k):
             return k
+        if (
+            dataclasses.is_dataclass(k)
+            and not isinstance(k, type)
+            and type(k).__dataclass_params__.frozen
+        ):
+            cls_ref = find_stable_name(type(k))
+            if cls_ref is not None:
+                return _FrozenObjectStandIn(
+                    (cls_ref.module, cls_ref.path),
+                    tuple(
+                        sorted(
+                            (f.name, self._key(getattr(k, f.name), path))
+                            for f in dataclasses.fields(k)
+                        )
+                    ),
+                )
         converted = self.convert(k, path, True)
         if isinstance(converted, (_NamedRef, _EnumStandIn, _DtypeStandIn, _DeviceStandIn, tuple, frozenset)):
             return converted if not isinstance(converted, _NamedRef) else ("__named__", converted.module, converted.path)
@@ -591,7 +639,7 @@ class _StandInConverter:
                 f"guarded value {path} is an instance of {cls.__qualname__}, a class "
                 "with no stable name in another process; define the class at module scope"
             )
-        if cls.__new__ is not object.__new__ and not issubclass(cls, torch.nn.Module):
+        if cls.__new__ is not object.__new__ and cls not in _SAFE_NEW_TYPES:
             raise PackageError(
                 f"guarded value {path} is an instance of {cls.__qualname__}, whose "
                 "custom __new__ cannot be replayed safely at load"
@@ -1049,11 +1097,19 @@ class _Hydrator:
             if not isinstance(cls, type):
                 return UnresolvedName(obj.cls.module, obj.cls.path)
             try:
-                inst = object.__new__(cls)
+                inst = cls.__new__(cls) if cls in _SAFE_NEW_TYPES else object.__new__(cls)
             except TypeError:
                 return UnresolvedName(obj.cls.module, obj.cls.path)
             self.memo[key] = inst
             inst.__dict__.update({k: self(v) for k, v in obj.state.items()})
+            return inst
+        if isinstance(obj, _FrozenObjectStandIn):
+            cls = resolve_name(_NamedRef(*obj.cls))
+            if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+                return UnresolvedName(*obj.cls)
+            inst = object.__new__(cls)
+            for name, value in obj.state:
+                object.__setattr__(inst, name, self._key(value))
             return inst
         if isinstance(obj, _MappingProxyStandIn):
             return types.MappingProxyType(self(obj.mapping))

@@ -238,6 +238,13 @@ class OverlayFinder(importlib.abc.MetaPathFinder):
             rel, is_package = self.patched[fullname]
             origin = str(self.torch_root / rel)
             loader = PatchedSourceLoader(fullname, origin, is_package, self.tree, rel)
+        elif self.mirrored[fullname].name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+            # Compiled code is not traced by Dynamo whatever its path: load it
+            # from where it was built.
+            real = self.mirrored[fullname]
+            loader = importlib.machinery.ExtensionFileLoader(fullname, str(real))
+            self.loaded.add(fullname)
+            return importlib.util.spec_from_file_location(fullname, str(real), loader=loader)
         else:
             real = self.mirrored[fullname]
             is_package = real.name == "__init__.py"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.machinery
 import logging
 import os
 import re
@@ -27,6 +28,8 @@ REPO_ROOT = PACKAGE_DIR.parent
 # Directories of torch_overlay/ that hold machinery, not mirrored torch modules.
 MACHINERY_DIRS = frozenset({"_overlay", "csrc", "__pycache__"})
 MACHINERY_FILES = frozenset({"__init__.py", "__main__.py"})
+# Only extensions built for this interpreter are mirrored modules.
+EXTENSION_SUFFIXES = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 
 
 def base_version() -> str:
@@ -102,6 +105,12 @@ def mirrored_modules(package_dir: Path | None = None) -> dict[str, Path]:
         else:
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         for fname in sorted(files):
+            if fname.endswith(EXTENSION_SUFFIXES):
+                # A compiled extension: torch_overlay/X/_n.<abi>.so is torch.X._n
+                stem = fname.split(".", 1)[0]
+                parts = [*rel_root.parts, stem]
+                result[".".join(["torch", *parts])] = Path(root) / fname
+                continue
             if not fname.endswith(".py"):
                 continue
             if rel_root == Path(".") and fname in MACHINERY_FILES:

@@ -1,0 +1,1103 @@
+# Owner(s): ["module: dynamo"]
+"""Guard serialization: every guard type of torch 2.7.1 saved and loaded, or refused.
+
+Protocol (the seed's): keep one guard type with guard_filter_fn, run
+InstructionTranslator directly on an example function to get the OutputGraph and
+the reference CheckFunctionManager (guards_serialization_mode="save"), rebuild a
+manager from ``pickle.loads(guards_state)`` with guards_serialization_mode="load",
+then throw accepted and rejected inputs at both and require equal decisions.
+"""
+
+import collections
+import contextlib
+import dataclasses
+import inspect
+import math
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import types
+import weakref
+
+import torch
+import torch._dynamo
+import torch._dynamo.convert_frame as convert_frame
+import torch._dynamo.test_case
+import torch.autograd.forward_ad as fwAD
+import torch.utils._pytree as pytree
+from torch._dynamo.bytecode_transformation import transform_code_object
+from torch._dynamo.exc import PackageError
+from torch._dynamo.guards import CheckFunctionManager, GuardBuilder
+from torch._dynamo.source import AttrSource, GlobalStateSource, LocalSource
+from torch._dynamo.symbolic_convert import (
+    ExceptionStack,
+    InstructionTranslator,
+    SpeculationLog,
+)
+from torch._dynamo.utils import dynamo_timed, get_metrics_context
+from torch._guards import compile_context, CompileContext, CompileId, Guard, tracing
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+)
+
+
+# Module-level objects the example functions use: stable names across processes.
+SCALE = 3
+FLAG = True
+
+
+class Foo:
+    def __init__(self, a=1):
+        self.a = a
+
+
+class Bar:
+    def __init__(self, a=1):
+        self.a = a
+
+
+class WithB:
+    b = 2
+
+
+class Small(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+MODEL = Small()
+
+
+def plus_one(x):
+    return x + 1
+
+
+def minus_one(x):
+    return x - 1
+
+
+def uses_global_scale(x):
+    return x * SCALE
+
+
+def uses_global_class(x, o):
+    return x + (1 if isinstance(o, Foo) else 2)
+
+
+def uses_global_model(x):
+    return MODEL(x)
+
+
+def uses_builtins(x, n):
+    return x * sum(range(n))
+
+
+@dataclasses.dataclass
+class Built:
+    code: types.CodeType
+    ref: CheckFunctionManager
+    f_locals: dict
+
+
+def build_check_fn_manager(
+    fn,
+    args,
+    kwargs=None,
+    *,
+    guard_types=None,
+    extra_guards=(),
+    mode="save",
+):
+    """Trace ``fn(*args)`` with InstructionTranslator; build its guard manager.
+
+    The frame is made from the arguments without running ``fn``, so inputs that
+    calling would consume (iterators) are guarded as given.
+    """
+    bound = inspect.signature(fn).bind(*args, **(kwargs or {}))
+    bound.apply_defaults()
+    code = fn.__code__
+    f_locals = dict(bound.arguments)
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        f_locals[name] = cell.cell_contents
+    f_globals = fn.__globals__
+    f_builtins = f_globals["__builtins__"]
+    if isinstance(f_builtins, types.ModuleType):
+        f_builtins = vars(f_builtins)
+    out = {}
+
+    def guard_filter_fn(entries):
+        return [e.guard_type in guard_types for e in entries]
+
+    def transform(instructions, code_options):
+        tracer = InstructionTranslator(
+            instructions,
+            code,
+            f_locals,
+            f_globals,
+            f_builtins,
+            getattr(fn, "__closure__", None) or (),
+            torch.overrides._get_current_function_mode_stack(),
+            code_options,
+            lambda gm, example_inputs: gm.forward,
+            one_graph=False,
+            export=False,
+            export_constraints=None,
+            frame_state=None,
+            speculation_log=SpeculationLog(),
+            exn_vt_stack=ExceptionStack(),
+            distributed_state=None,
+        )
+        convert_frame.initial_global_state = convert_frame.GlobalStateGuard()
+        try:
+            with compile_context(CompileContext(CompileId(0, 0))), tracing(
+                tracer.output.tracing_context
+            ), tracer.set_current_tx(), get_metrics_context(), dynamo_timed(""):
+                tracer.run()
+                for source, create_fn in extra_guards:
+                    tracer.output.guards.add(Guard(source, create_fn))
+                out["ref"] = CheckFunctionManager(
+                    code,
+                    tracer.output,
+                    guard_filter_fn=guard_filter_fn if guard_types else None,
+                    guards_serialization_mode=mode,
+                )
+        finally:
+            convert_frame.initial_global_state = None
+
+    transform_code_object(code, transform)
+    return Built(code, out["ref"], f_locals)
+
+
+def load_check_fn_manager(built: Built) -> CheckFunctionManager:
+    return CheckFunctionManager(
+        built.code,
+        pickle.loads(built.ref.guards_state),
+        guards_serialization_mode="load",
+    )
+
+
+@contextlib.contextmanager
+def patched_global(name, value):
+    module = sys.modules[__name__]
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+
+
+class GuardSerializationTestCase(torch._dynamo.test_case.TestCase):
+    def roundtrip(self, fn, args, guard_types, **kwargs):
+        if isinstance(guard_types, str):
+            guard_types = (guard_types,)
+        built = build_check_fn_manager(fn, args, guard_types=guard_types, **kwargs)
+        self.assertIsInstance(built.ref.guards_state, bytes)
+        return built, load_check_fn_manager(built)
+
+    def assert_same_decisions(self, built, loaded, accepted, rejected):
+        """Every input of ``accepted`` passes both managers, of ``rejected`` neither.
+
+        An input is a dict of frame locals, or a (context manager, locals) pair to
+        decide under some global state.
+        """
+        self.assertTrue(accepted and rejected, "need accepted and rejected inputs")
+        for expected, inputs in ((True, accepted), (False, rejected)):
+            for item in inputs:
+                ctx, f_locals = item if isinstance(item, tuple) else (
+                    contextlib.nullcontext(),
+                    item,
+                )
+                with ctx:
+                    ref = built.ref.guard_manager.check(f_locals)
+                    got = loaded.guard_manager.check(f_locals)
+                self.assertEqual(ref, expected, f"reference decided {ref} on {f_locals}")
+                self.assertEqual(got, ref, f"loaded decided {got}, reference {ref} on {f_locals}")
+
+
+class TestGuardSerialization(GuardSerializationTestCase):
+    def test_tensor_match(self):
+        def fn(x):
+            return x + 1
+
+        x = torch.randn(3, 4)
+        built, loaded = self.roundtrip(fn, (x,), "TENSOR_MATCH")
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.randn(3, 4)}, {"x": x}],
+            rejected=[
+                {"x": torch.randn(4, 3)},
+                {"x": torch.randn(3, 4, dtype=torch.float64)},
+                {"x": torch.randn(3, 4, requires_grad=True)},
+                {"x": torch.randn(4, 3).t()},
+                {"x": torch.nn.Parameter(torch.randn(3, 4))},
+                {"x": 3},
+            ],
+        )
+
+    def test_tensor_match_parameter_and_requires_grad(self):
+        def fn(x):
+            return x * 2
+
+        p = torch.nn.Parameter(torch.randn(2))
+        built, loaded = self.roundtrip(fn, (p,), "TENSOR_MATCH")
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.nn.Parameter(torch.randn(2))}],
+            rejected=[{"x": torch.randn(2, requires_grad=True)}, {"x": torch.randn(2)}],
+        )
+
+    def test_tensor_subclass_is_refused(self):
+        from torch.testing._internal.two_tensor import TwoTensor
+
+        def fn(x):
+            return x + 1
+
+        with self.assertRaisesRegex(PackageError, "TENSOR_SUBCLASS_METADATA_MATCH"):
+            build_check_fn_manager(fn, (TwoTensor(torch.randn(2), torch.randn(2)),))
+
+    def test_type_match(self):
+        def fn(x, o):
+            return x * o.a
+
+        built, loaded = self.roundtrip(fn, (torch.ones(2), Foo()), "TYPE_MATCH")
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "o": Foo(5)}],
+            rejected=[{"x": torch.ones(2), "o": Bar()}, {"x": torch.ones(2), "o": 1}],
+        )
+
+    def test_hasattr(self):
+        def fn(x, o):
+            return x + (1 if hasattr(o, "b") else 2)
+
+        built, loaded = self.roundtrip(fn, (torch.ones(2), Foo()), "HASATTR")
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "o": Foo()}],
+            rejected=[{"x": torch.ones(2), "o": WithB()}],
+        )
+
+    def test_not_present_in_generic_dict(self):
+        def fn(m, x):
+            return m(x)
+
+        built, loaded = self.roundtrip(
+            fn, (Small(), torch.ones(2)), "NOT_PRESENT_IN_GENERIC_DICT"
+        )
+        shadowed = Small()
+        shadowed.forward = lambda x: x
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"m": Small(), "x": torch.ones(2)}],
+            rejected=[{"m": shadowed, "x": torch.ones(2)}],
+        )
+
+    def test_dict_contains(self):
+        def fn(x, d):
+            return x * (2 if "a" in d else 3)
+
+        built, loaded = self.roundtrip(fn, (torch.ones(2), {"a": 1}), "DICT_CONTAINS")
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "d": {"a": 7, "z": 0}}],
+            rejected=[{"x": torch.ones(2), "d": {"b": 1}}],
+        )
+
+    def test_dict_keys_match(self):
+        def fn(x, d):
+            out = x
+            for k in d:
+                out = out + d[k]
+            return out
+
+        built, loaded = self.roundtrip(
+            fn, (torch.ones(2), {"a": 1, "b": 2}), "DICT_KEYS_MATCH"
+        )
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "d": {"a": 5, "b": 6}}],
+            rejected=[
+                {"x": torch.ones(2), "d": {"a": 5}},
+                {"x": torch.ones(2), "d": {"a": 1, "c": 2}},
+            ],
+        )
+
+    def test_dict_version_of_pytree_registry_saves_as_keys_match(self):
+        def fn(x):
+            return pytree.tree_map(lambda t: t + 1, [x])[0]
+
+        built, loaded = self.roundtrip(fn, (torch.ones(2),), "DICT_KEYS_MATCH")
+
+        class Registered:
+            pass
+
+        accepted = [{"x": torch.ones(2)}]
+        rejected = [
+            (
+                _registered_pytree_node(Registered),
+                {"x": torch.ones(2)},
+            )
+        ]
+        self.assert_same_decisions(built, loaded, accepted, rejected)
+
+    def test_dict_version_of_other_dicts_is_refused(self):
+        def fn(x, d):
+            return x * d["a"]
+
+        with self.assertRaises(PackageError) as ctx:
+            build_check_fn_manager(
+                fn,
+                (torch.ones(2), {"a": 1}),
+                extra_guards=[(LocalSource("d"), GuardBuilder.DICT_VERSION)],
+            )
+        self.assertIn("DICT_VERSION guard on L['d'] cannot be serialized", str(ctx.exception))
+
+    def test_id_match_on_module_level_class(self):
+        built, loaded = self.roundtrip(
+            uses_global_class, (torch.ones(2), Foo()), "ID_MATCH"
+        )
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "o": Foo()}],
+            rejected=[(patched_global("Foo", Bar), {"x": torch.ones(2), "o": Foo()})],
+        )
+
+    def test_id_match_on_class_defined_in_a_function_is_refused(self):
+        class Local:
+            pass
+
+        def fn(x, o):
+            return x + (1 if isinstance(o, Local) else 2)
+
+        with self.assertRaises(PackageError) as ctx:
+            build_check_fn_manager(fn, (torch.ones(2), Local()))
+        self.assertIn("at module scope", str(ctx.exception))
+        self.assertIn("L['o']", str(ctx.exception))
+
+    def test_id_match_on_none_and_bool(self):
+        def fn(x, flag, nothing):
+            return x * 2 if flag and nothing is None else x
+
+        built, loaded = self.roundtrip(
+            fn, (torch.ones(2), True, None), ("CONSTANT_MATCH", "ID_MATCH")
+        )
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "flag": True, "nothing": None}],
+            rejected=[
+                {"x": torch.ones(2), "flag": False, "nothing": None},
+                {"x": torch.ones(2), "flag": True, "nothing": 0},
+            ],
+        )
+
+    def test_not_none_match(self):
+        def fn(x):
+            return x + 1
+
+        built, loaded = self.roundtrip(
+            fn,
+            (torch.ones(2),),
+            "NOT_NONE_MATCH",
+            extra_guards=[(LocalSource("x"), GuardBuilder.NOT_NONE_MATCH)],
+        )
+        self.assert_same_decisions(
+            built, loaded, accepted=[{"x": torch.ones(3)}], rejected=[{"x": None}]
+        )
+
+    def test_dispatch_key_set_match(self):
+        def fn(x, ks):
+            return x + 1
+
+        ks = torch._C._dispatch_keys(torch.ones(2))
+        built, loaded = self.roundtrip(
+            fn,
+            (torch.ones(2), ks),
+            "DISPATCH_KEY_SET_MATCH",
+            extra_guards=[(LocalSource("ks"), GuardBuilder.DISPATCH_KEY_SET_MATCH)],
+        )
+        other = torch._C._dispatch_keys(torch.ones(2, requires_grad=True).to_sparse())
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "ks": torch._C._dispatch_keys(torch.zeros(5))}],
+            rejected=[{"x": torch.ones(2), "ks": other}],
+        )
+
+    def test_name_match(self):
+        def fn(x, f):
+            return x + 1
+
+        built, loaded = self.roundtrip(
+            fn,
+            (torch.ones(2), plus_one),
+            "NAME_MATCH",
+            extra_guards=[(LocalSource("f"), GuardBuilder.NAME_MATCH)],
+        )
+        renamed = types.FunctionType(minus_one.__code__, globals(), "plus_one")
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "f": renamed}],
+            rejected=[{"x": torch.ones(2), "f": minus_one}],
+        )
+
+    @parametrize(
+        "guard_type",
+        ["DATA_PTR_MATCH", "WEAKREF_ALIVE", "OBJECT_MUTATION", "TENSOR_SUBCLASS_METADATA_MATCH"],
+    )
+    def test_unsupported_guard_types_are_refused(self, guard_type):
+        def fn(x):
+            return x + 1
+
+        self.assertIn(guard_type, CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+        with self.assertRaises(PackageError) as ctx:
+            build_check_fn_manager(
+                fn,
+                (torch.ones(2),),
+                extra_guards=[(LocalSource("x"), getattr(GuardBuilder, guard_type))],
+            )
+        self.assertTrue(
+            str(ctx.exception).startswith(f"{guard_type} guard on L['x'] cannot be serialized: "),
+            str(ctx.exception),
+        )
+
+    def test_refusal_message(self):
+        def fn(x):
+            return x + 1
+
+        with self.assertRaises(PackageError) as ctx:
+            build_check_fn_manager(
+                fn,
+                (torch.ones(2),),
+                extra_guards=[(LocalSource("x"), GuardBuilder.DATA_PTR_MATCH)],
+            )
+        self.assertExpectedInline(
+            str(ctx.exception),
+            """DATA_PTR_MATCH guard on L['x'] cannot be serialized: it guards on a tensor's memory address, which has no meaning in another process; pass the tensor as an input instead of capturing it""",
+        )
+
+    def test_dual_level(self):
+        def fn(x):
+            return x + 1
+
+        built, loaded = self.roundtrip(
+            fn,
+            (torch.ones(2),),
+            "DUAL_LEVEL",
+            extra_guards=[(GlobalStateSource(), GuardBuilder.DUAL_LEVEL)],
+        )
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2)}],
+            rejected=[(fwAD.dual_level(), {"x": torch.ones(2)})],
+        )
+
+    def test_functorch_stack_match_without_layers(self):
+        def fn(x):
+            return x + 1
+
+        built, loaded = self.roundtrip(
+            fn,
+            (torch.ones(2),),
+            "FUNCTORCH_STACK_MATCH",
+            extra_guards=[(GlobalStateSource(), GuardBuilder.FUNCTORCH_STACK_MATCH)],
+        )
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2)}],
+            rejected=[(_inside_vmap(), {"x": torch.ones(2)})],
+        )
+
+    @parametrize("value,other", [(2.5, 3.0), ("mean", "sum"), ((1, 2), (1, 3))])
+    def test_constant_and_equals_match(self, value, other):
+        def fn(x, c):
+            return x * len(str(c))
+
+        built, loaded = self.roundtrip(
+            fn, (torch.ones(2), value), ("CONSTANT_MATCH", "EQUALS_MATCH")
+        )
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "c": value}],
+            rejected=[{"x": torch.ones(2), "c": other}],
+        )
+
+    def test_equals_match_on_global(self):
+        built, loaded = self.roundtrip(uses_global_scale, (torch.ones(2),), "CONSTANT_MATCH")
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2)}],
+            rejected=[(patched_global("SCALE", 4), {"x": torch.ones(2)})],
+        )
+
+    def test_saved_value_not_current_value_decides(self):
+        # The global changed between compile (save) and load: the loaded guards
+        # must compare against the saved value, like the reference.
+        with patched_global("SCALE", 7):
+            built = build_check_fn_manager(
+                uses_global_scale, (torch.ones(2),), guard_types=("CONSTANT_MATCH",)
+            )
+        loaded = load_check_fn_manager(built)
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[(patched_global("SCALE", 7), {"x": torch.ones(2)})],
+            rejected=[{"x": torch.ones(2)}],
+        )
+
+    def test_nn_module_by_stable_name(self):
+        with torch._dynamo.config.patch(inline_inbuilt_nn_modules=False):
+            built, loaded = self.roundtrip(uses_global_model, (torch.ones(2),), "NN_MODULE")
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2)}],
+            rejected=[(patched_global("MODEL", Small()), {"x": torch.ones(2)})],
+        )
+
+    def test_nn_module_local_instance_is_refused(self):
+        def fn(m, x):
+            return m(x)
+
+        with torch._dynamo.config.patch(inline_inbuilt_nn_modules=False):
+            with self.assertRaises(PackageError) as ctx:
+                build_check_fn_manager(fn, (Small(), torch.ones(2)))
+        self.assertIn("guard on L['m']", str(ctx.exception))
+
+    def test_function_match_on_module(self):
+        def fn(x, m):
+            return m.sin(x)
+
+        built, loaded = self.roundtrip(fn, (torch.ones(2), torch), "FUNCTION_MATCH")
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "m": torch}],
+            rejected=[{"x": torch.ones(2), "m": math}],
+        )
+
+    def test_function_match_on_torch_function(self):
+        def fn(x):
+            return torch.sin(x)
+
+        built, loaded = self.roundtrip(fn, (torch.ones(2),), "FUNCTION_MATCH")
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2)}],
+            rejected=[(_patched_attr(torch, "sin", torch.cos), {"x": torch.ones(2)})],
+        )
+
+    def test_closure_match_on_module_level_function(self):
+        def fn(x, f):
+            return f(x)
+
+        built, loaded = self.roundtrip(fn, (torch.ones(2), plus_one), "CLOSURE_MATCH")
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "f": plus_one}],
+            rejected=[{"x": torch.ones(2), "f": minus_one}],
+        )
+
+    def test_closure_match_on_local_closure_is_refused(self):
+        offset = 2
+
+        def local(x):
+            return x + offset
+
+        def fn(x, f):
+            return f(x)
+
+        with self.assertRaises(PackageError) as ctx:
+            build_check_fn_manager(fn, (torch.ones(2), local))
+        self.assertIn("L['f'].__code__", str(ctx.exception))
+
+    def test_builtin_match(self):
+        def fn(x, f):
+            return x * f([1, 2])
+
+        built, loaded = self.roundtrip(fn, (torch.ones(2), len), "BUILTIN_MATCH")
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "f": len}],
+            rejected=[{"x": torch.ones(2), "f": sum}],
+        )
+
+    def test_builtins_used_by_name(self):
+        built, loaded = self.roundtrip(
+            uses_builtins, (torch.ones(2), 3), ("BUILTIN_MATCH", "FUNCTION_MATCH", "ID_MATCH")
+        )
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "n": 3}],
+            rejected=[(_patched_builtins_dict("sum", max), {"x": torch.ones(2), "n": 3})],
+        )
+
+    def test_pymodule_match(self):
+        def fn(x, m):
+            return x + 1
+
+        built, loaded = self.roundtrip(
+            fn,
+            (torch.ones(2), math),
+            "PYMODULE_MATCH",
+            extra_guards=[(LocalSource("m"), GuardBuilder.PYMODULE_MATCH)],
+        )
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "m": math}],
+            rejected=[{"x": torch.ones(2), "m": os}],
+        )
+
+    def test_sequence_length(self):
+        def fn(x, seq):
+            return x * seq[0]
+
+        built, loaded = self.roundtrip(fn, (torch.ones(2), [1, 2, 3]), "SEQUENCE_LENGTH")
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "seq": [4, 5, 6]}],
+            rejected=[{"x": torch.ones(2), "seq": [1, 2]}, {"x": torch.ones(2), "seq": (1, 2, 3)}],
+        )
+
+    def test_tuple_iterator_len(self):
+        def fn(x, it):
+            return x * next(it)
+
+        built, loaded = self.roundtrip(fn, (torch.ones(2), iter((1, 2, 3))), "TUPLE_ITERATOR_LEN")
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "it": iter((7, 8, 9))}],
+            rejected=[{"x": torch.ones(2), "it": iter((1, 2))}],
+        )
+
+    def test_range_iterator_match(self):
+        def fn(x, it):
+            return x * next(it)
+
+        built, loaded = self.roundtrip(
+            fn, (torch.ones(2), iter(range(5))), "RANGE_ITERATOR_MATCH"
+        )
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "it": iter(range(5))}],
+            rejected=[{"x": torch.ones(2), "it": iter(range(6))}],
+        )
+
+    def test_duplicate_input(self):
+        def fn(x, y):
+            return x + y
+
+        x = torch.ones(2)
+        built, loaded = self.roundtrip(fn, (x, x), "DUPLICATE_INPUT")
+        z = torch.ones(2)
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": z, "y": z}],
+            rejected=[{"x": z, "y": torch.ones(2)}],
+        )
+
+    def test_mapping_keys_check(self):
+        def fn(x, mp):
+            return x * len(mp)
+
+        built, loaded = self.roundtrip(
+            fn, (torch.ones(2), types.MappingProxyType({"a": 1})), "MAPPING_KEYS_CHECK"
+        )
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "mp": types.MappingProxyType({"a": 2})}],
+            rejected=[{"x": torch.ones(2), "mp": types.MappingProxyType({"b": 1})}],
+        )
+
+    def test_empty_nn_module_hooks_dict(self):
+        def fn(m, x):
+            return m(x)
+
+        with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):
+            built, loaded = self.roundtrip(
+                fn, (Small(), torch.ones(2)), "EMPTY_NN_MODULE_HOOKS_DICT"
+            )
+            hooked = Small()
+            hooked.register_forward_hook(lambda *a: None)
+            self.assert_same_decisions(
+                built,
+                loaded,
+                accepted=[{"m": Small(), "x": torch.ones(2)}],
+                rejected=[{"m": hooked, "x": torch.ones(2)}],
+            )
+
+    @parametrize(
+        "guard_type,state",
+        [
+            ("GRAD_MODE", "no_grad"),
+            ("DETERMINISTIC_ALGORITHMS", "deterministic"),
+            ("TORCH_FUNCTION_STATE", "torch_function_disabled"),
+            ("FSDP_TRAINING_STATE", "num_threads"),
+        ],
+    )
+    def test_global_state(self, guard_type, state):
+        def fn(x):
+            return x + 1
+
+        built, loaded = self.roundtrip(
+            fn,
+            (torch.ones(2),),
+            guard_type,
+            extra_guards=[(GlobalStateSource(), getattr(GuardBuilder, guard_type))],
+        )
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2)}],
+            rejected=[(_GLOBAL_STATE_CHANGES[state](), {"x": torch.ones(2)})],
+        )
+
+    def test_global_state_saved_not_current(self):
+        # Saved under no_grad, loaded under grad mode: the loaded guard must still
+        # accept exactly under no_grad.
+        def fn(x):
+            return x + 1
+
+        with torch.no_grad():
+            built = build_check_fn_manager(fn, (torch.ones(2),), guard_types=("GRAD_MODE",))
+        loaded = load_check_fn_manager(built)
+        self.assertTrue(torch.is_grad_enabled())
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[(torch.no_grad(), {"x": torch.ones(2)})],
+            rejected=[{"x": torch.ones(2)}],
+        )
+
+    def test_default_device(self):
+        def fn(x):
+            return x + 1
+
+        # (a "cpu" default device is no device context at all in torch 2.7.1)
+        with torch.device("meta"):
+            built, loaded = self.roundtrip(
+                fn,
+                (torch.ones(2),),
+                "DEFAULT_DEVICE",
+                extra_guards=[(GlobalStateSource(), GuardBuilder.DEFAULT_DEVICE)],
+            )
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[(torch.device("meta"), {"x": torch.ones(2)})],
+            rejected=[{"x": torch.ones(2)}],
+        )
+
+    def test_shape_env(self):
+        def fn(x):
+            return x * x.shape[0]
+
+        x = torch.ones(5, 2)
+        torch._dynamo.mark_dynamic(x, 0)
+        built, loaded = self.roundtrip(fn, (x,), "SHAPE_ENV")
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(9, 2)}, {"x": torch.ones(2, 2)}],
+            rejected=[{"x": torch.ones(1, 2)}],
+        )
+
+    def test_shape_env_with_tensor_match(self):
+        def fn(x, y):
+            return x[: y.shape[0]] + y
+
+        x = torch.ones(6)
+        y = torch.ones(3)
+        torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.mark_dynamic(y, 0)
+        built, loaded = self.roundtrip(fn, (x, y), ("SHAPE_ENV", "TENSOR_MATCH"))
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(8), "y": torch.ones(4)}],
+            rejected=[
+                {"x": torch.ones(3), "y": torch.ones(4)},
+                {"x": torch.ones(8, 2), "y": torch.ones(4)},
+            ],
+        )
+
+    def test_all_guards_of_a_module_call(self):
+        # No filter: every guard Dynamo installs for an nn.Module call.
+        def fn(m, x):
+            return m(x).relu()
+
+        built = build_check_fn_manager(fn, (Small(), torch.ones(2)))
+        loaded = load_check_fn_manager(built)
+        other = Small()
+        other.lin = torch.nn.Linear(2, 3)
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"m": Small(), "x": torch.ones(2)}],
+            rejected=[
+                {"m": other, "x": torch.ones(2)},
+                {"m": Small(), "x": torch.ones(3)},
+                (torch.no_grad(), {"m": Small(), "x": torch.ones(2)}),
+            ],
+        )
+
+
+    @parametrize("case", ["module_call", "globals_and_builtins", "dynamic_shapes"])
+    def test_loaded_tree_is_the_reference_tree(self, case):
+        if case == "module_call":
+            built = build_check_fn_manager(lambda m, x: m(x), (Small(), torch.ones(2)))
+        elif case == "globals_and_builtins":
+            built = build_check_fn_manager(uses_builtins, (torch.ones(2), 4))
+        else:
+            x = torch.ones(5, 3)
+            torch._dynamo.mark_dynamic(x, 0)
+            built = build_check_fn_manager(lambda x: x * x.shape[0], (x,))
+        loaded = load_check_fn_manager(built)
+
+        def tree(manager):
+            # Drop the provenance comments (file:line of the compile) only.
+            return [line.split("#")[0].rstrip() for line in str(manager).splitlines()]
+
+        self.assertEqual(tree(loaded.guard_manager), tree(built.ref.guard_manager))
+
+
+class TestGuardsStateFormat(GuardSerializationTestCase):
+    def test_unguarded_bystanders_are_not_pickled(self):
+        class Holder:  # never pickled: only its `a` is guarded, by value
+            pass
+
+        def fn(x, h):
+            return x * h.cfg.a
+
+        cfg = Foo(2)
+        cfg.lock = threading.Lock()
+        cfg.gen = (i for i in range(3))
+        h = types.SimpleNamespace(cfg=cfg)
+        built = build_check_fn_manager(fn, (torch.ones(2), h), guard_types=("CONSTANT_MATCH",))
+        self.assertNotIn(b"threading", built.ref.guards_state)
+        loaded = load_check_fn_manager(built)
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "h": types.SimpleNamespace(cfg=Foo(2))}],
+            rejected=[{"x": torch.ones(2), "h": types.SimpleNamespace(cfg=Foo(3))}],
+        )
+
+    def test_unpicklable_guarded_value_names_its_access_path(self):
+        def fn(x, h):
+            return x + 1
+
+        h = types.SimpleNamespace(it=(i for i in range(3)))
+        with self.assertRaises(PackageError) as ctx:
+            build_check_fn_manager(
+                fn,
+                (torch.ones(2), h),
+                extra_guards=[(AttrSource(LocalSource("h"), "it"), GuardBuilder.TYPE_MATCH)],
+            )
+        self.assertIn("L['h'].it", str(ctx.exception))
+
+    def test_hostile_pickle_is_refused_before_it_runs(self):
+        marker = os.path.join(tempfile.mkdtemp(), "pwned")
+
+        class Exploit:
+            def __reduce__(self):
+                return (os.system, (f"touch {marker}",))
+
+        data = pickle.dumps(Exploit())
+        with self.assertRaisesRegex(PackageError, r"refusing to unpickle posix\.system|refusing to unpickle os\.system"):
+            CheckFunctionManager(plus_one.__code__, data, guards_serialization_mode="load")
+        self.assertFalse(os.path.exists(marker))
+
+    def test_damaged_state_is_a_package_error(self):
+        built = build_check_fn_manager(plus_one, (torch.ones(2),))
+        for data in (built.ref.guards_state[: len(built.ref.guards_state) // 2], b"garbage"):
+            with self.assertRaises(PackageError):
+                CheckFunctionManager(built.code, data, guards_serialization_mode="load")
+
+    def test_wrong_code_or_version_is_refused(self):
+        built = build_check_fn_manager(plus_one, (torch.ones(2),))
+        with self.assertRaisesRegex(PackageError, "saved for code 'plus_one'"):
+            CheckFunctionManager(
+                uses_global_scale.__code__,
+                built.ref.guards_state,
+                guards_serialization_mode="load",
+            )
+        state = pickle.loads(built.ref.guards_state)
+        state.output_graph.torch_version = "2.13.0"
+        with self.assertRaisesRegex(PackageError, "saved by torch 2.13.0"):
+            CheckFunctionManager(built.code, state, guards_serialization_mode="load")
+        state.output_graph.torch_version = str(torch.__version__)
+        state.output_graph.format_version = 99
+        with self.assertRaisesRegex(PackageError, "format 99 is not supported"):
+            CheckFunctionManager(built.code, state, guards_serialization_mode="load")
+
+    def test_unresolvable_name_fails_the_guard_not_the_load(self):
+        built = build_check_fn_manager(
+            uses_global_class, (torch.ones(2), Foo()), guard_types=("ID_MATCH",)
+        )
+        module = sys.modules[__name__]
+        saved = module.Foo
+        del module.Foo
+        try:
+            loaded = load_check_fn_manager(built)
+        finally:
+            module.Foo = saved
+        self.assertTrue(built.ref.guard_manager.check({"x": torch.ones(2), "o": Foo()}))
+        self.assertFalse(loaded.guard_manager.check({"x": torch.ones(2), "o": Foo()}))
+
+    def test_upstream_spelling(self):
+        built = build_check_fn_manager(uses_global_scale, (torch.ones(2),))
+        state = pickle.loads(built.ref.guards_state)
+        loaded = CheckFunctionManager(
+            built.code,
+            state.output_graph,
+            shape_code_parts=state.shape_code_parts,
+            runtime_global_scope=globals(),
+        )
+        # save_guards=True is the same as guards_serialization_mode="save"
+        self.assertIsNone(loaded.guards_state)
+        self.assertTrue(loaded.guard_manager.check({"x": torch.ones(2)}))
+
+    def test_cross_process(self):
+        # Saved by one interpreter, loaded and checked by a fresh one.
+        here = os.path.dirname(os.path.abspath(__file__))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "guards.bin")
+            save = textwrap.dedent(
+                f"""
+                import sys, torch
+                sys.path.insert(0, {here!r})
+                import test_guard_serialization as t
+                built = t.build_check_fn_manager(t.uses_global_model, (torch.ones(2),))
+                open({path!r}, "wb").write(built.ref.guards_state)
+                """
+            )
+            load = textwrap.dedent(
+                f"""
+                import sys, torch
+                sys.path.insert(0, {here!r})
+                import test_guard_serialization as t
+                from torch._dynamo.guards import CheckFunctionManager
+                data = open({path!r}, "rb").read()
+                m = CheckFunctionManager(t.uses_global_model.__code__, data, guards_serialization_mode="load")
+                print(m.guard_manager.check({{"x": torch.ones(2)}}),
+                      m.guard_manager.check({{"x": torch.ones(3)}}))
+                t.MODEL.lin = torch.nn.Linear(2, 4)
+                print(m.guard_manager.check({{"x": torch.ones(2)}}))
+                """
+            )
+            for script in (save, load):
+                proc = subprocess.run(
+                    [sys.executable, "-c", script], capture_output=True, text=True
+                )
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+            self.assertEqual(proc.stdout.split(), ["True", "False", "False"])
+
+
+@contextlib.contextmanager
+def _patched_attr(obj, name, value):
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+@contextlib.contextmanager
+def _patched_builtins_dict(name, value):
+    # Dynamo reads builtins through a global alias of the builtins dict.
+    import builtins
+
+    with _patched_attr(builtins, name, value):
+        yield
+
+
+@contextlib.contextmanager
+def _registered_pytree_node(cls):
+    pytree.register_pytree_node(cls, lambda o: ([], None), lambda c, ctx: cls())
+    try:
+        yield
+    finally:
+        pytree.SUPPORTED_NODES.pop(cls)
+        pytree._private_register_pytree_node  # noqa: B018 - registry stays importable
+
+
+@contextlib.contextmanager
+def _inside_vmap():
+    from torch._C._functorch import _vmap_decrement_nesting, _vmap_increment_nesting
+
+    _vmap_increment_nesting(2, "error")
+    try:
+        yield
+    finally:
+        _vmap_decrement_nesting()
+
+
+@contextlib.contextmanager
+def _deterministic():
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@contextlib.contextmanager
+def _num_threads():
+    old = torch.get_num_threads()
+    torch.set_num_threads(old + 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+_GLOBAL_STATE_CHANGES = {
+    "no_grad": torch.no_grad,
+    "deterministic": _deterministic,
+    "torch_function_disabled": torch._C.DisableTorchFunctionSubclass,
+    "num_threads": _num_threads,
+}
+
+
+instantiate_parametrized_tests(TestGuardSerialization)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()
