@@ -540,7 +540,12 @@ class _StandInConverter:
         return entry[2] if entry else None
 
     def _unnamed(self, obj, path, guarded):
-        if isinstance(obj, (types.FunctionType, types.CodeType)):
+        if isinstance(obj, (types.FunctionType, types.CodeType)) or (
+            # A method bound to an instance (L['x'].dim of a tensor): read as the
+            # example value of an attribute accessor (HASATTR), never compared.
+            isinstance(obj, types.BuiltinMethodType)
+            and not isinstance(getattr(obj, "__self__", None), types.ModuleType)
+        ):
             # Read only as the base of other guarded values (whose own values are
             # recorded); an identity guard on it is refused where it is required.
             return _Placeholder(type(obj).__qualname__)

@@ -16,6 +16,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <variant>
@@ -152,17 +153,17 @@ int64_t intField(
         std::string("CInterpreter.deserialize: \"") + key + "\" of " + where +
         " must be an integer");
   }
+  const auto out_of_range = py::value_error(
+      std::string("CInterpreter.deserialize: \"") + key + "\" of " + where +
+      " is out of range");
   int64_t result = 0;
   try {
     result = value.cast<int64_t>();
   } catch (const py::cast_error&) {
-    min_value = 1;
-    max_value = 0;
+    throw out_of_range;
   }
   if (result < min_value || result > max_value) {
-    throw py::value_error(
-        std::string("CInterpreter.deserialize: \"") + key + "\" of " + where +
-        " is out of range");
+    throw out_of_range;
   }
   return result;
 }
@@ -303,7 +304,8 @@ Interpreter deserializeInterpreter(const std::string& serialized) {
       throw;
     }
     throw py::value_error(
-        std::string("CInterpreter.deserialize: not JSON: ") + e.what());
+        "CInterpreter.deserialize: not JSON (" +
+        py::str(e.value()).cast<std::string>() + ")");
   }
   if (!py::isinstance<py::dict>(json)) {
     throw py::value_error(
@@ -325,7 +327,6 @@ void initInterpreterSerializationBindings(py::module_& m) {
       .def(
           "serialize",
           &at::functorch::serializeInterpreter,
-          "serialize(self) -> str\n\n"
           "The interpreter as JSON text: transform type, level, whether it is "
           "alive, its saved local dispatch key set and the transform's state "
           "(vmap batch size and randomness, grad / jvp previous mode, "
@@ -334,11 +335,9 @@ void initInterpreterSerializationBindings(py::module_& m) {
           "deserialize",
           &at::functorch::deserializeInterpreter,
           py::arg("serialized"),
-          "deserialize(serialized: str) -> CInterpreter\n\n"
           "A new interpreter with the state CInterpreter.serialize wrote. It is "
           "not pushed on the functorch interpreter stack. Raises ValueError for "
           "text that does not describe an interpreter.");
-  m.attr("CInterpreter") = interpreter_class;
 }
 
 } // namespace torch::functorch::impl

@@ -1,0 +1,926 @@
+"""Compile packages: save what torch.compile built, load it in a fresh process.
+
+A :class:`CompilePackage` lives with one ``torch.compile()`` (``torch.compile(f,
+package="dir")``). Every frame Dynamo compiles under it adds an entry: the
+transformed bytecode, the serialized guards (``guards_serialization_mode="save"``),
+the globals the bytecode needs (compiled graphs, resume functions, module
+aliases) and the backend's artifacts for each graph. ``save_package`` writes them
+to a directory; ``load_package`` reads them back, and from then on a call whose
+frame has no cache entry is first looked up in the package by its serialized
+guards: a hit installs the saved bytecode as a normal Dynamo cache entry, with no
+trace, no AOTAutograd, no Inductor codegen and no C++ compiler.
+
+Provides :class:`CompilePackage`, :class:`PackageAwareConvertFrame` (the frame
+callback wrapper) and the package format (:data:`PACKAGE_FORMAT_VERSION`).
+
+# NOTE: [Package format]
+# <dir>/manifest.json       read and checked before anything is unpickled:
+#                           format version, torch version, overlay series hash,
+#                           Python version, CPU capability, device, and the sha256
+#                           of every other file
+# <dir>/dynamo.bin          the entries: builtin containers only (read with an
+#                           unpickler that resolves no global at all)
+# <dir>/graphs/<name>.bin   one backend artifact per compiled graph
+# <dir>/kernels/<h>.so      Inductor's compiled CPU kernels, by the hash of their
+#                           (cache-dir independent) source
+# A save writes a sibling temporary directory and renames it into place, so a
+# crashed save never leaves a half package.
+#
+# NOTE: [Loading Inductor graphs without compiling]
+# An Inductor graph is saved as its AOTAutograd cache entry with the forward and
+# backward CompiledFxGraphs embedded (2.7.1's entries only hold FX-graph-cache
+# keys), plus the kernel binaries the graphs' wrapper code loads. At load the
+# wrapper code runs with kernel loading redirected to the package's binaries, so
+# neither the C++ compiler nor Inductor's CPU ISA probe runs; the CPU capability
+# recorded at save is checked instead.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import hashlib
+import importlib
+import io
+import json
+import logging
+import marshal
+import os
+import pickle
+import platform
+import re
+import shutil
+import sys
+import tempfile
+import threading
+import types
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from torch._dynamo.exc import PackageError
+
+
+log = logging.getLogger(__name__)
+
+PACKAGE_FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+_DYNAMO_FILE = "dynamo.bin"
+
+_tls = threading.local()
+
+
+def current_package() -> Optional[CompilePackage]:
+    """The package recording the frame Dynamo is compiling on this thread, if any."""
+    return getattr(_tls, "package", None)
+
+
+@contextlib.contextmanager
+def _recording(package: Optional[CompilePackage]):
+    previous = getattr(_tls, "package", None)
+    _tls.package = package
+    try:
+        yield
+    finally:
+        _tls.package = previous
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def overlay_series_hash() -> str:
+    """The patch series this torch carries (overlay or patched wheel)."""
+    try:
+        from torch_overlay._overlay.series import series_hash
+
+        return series_hash()
+    except ImportError:
+        version = str(torch.__version__)
+        return version.split("+overlay.", 1)[1] if "+overlay." in version else "none"
+
+
+def _environment() -> dict:
+    return {
+        "torch_version": str(torch.__version__).split("+")[0],
+        "python_version": platform.python_version(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "machine": platform.machine(),
+    }
+
+
+# ---------------------------------------------------------------------------
+# Code objects across processes
+# ---------------------------------------------------------------------------
+
+
+def _code_key(code: types.CodeType, f_globals: dict) -> tuple:
+    if code.co_name.startswith("__resume_at_"):
+        return ("resume", code.co_name)
+    return ("function", f_globals.get("__name__"), code.co_qualname)
+
+
+def _resolve_code(key: tuple, root_codes: list[types.CodeType]):
+    if key[0] != "function":
+        return None
+    _, module_name, qualname = key
+    for code in root_codes:
+        if code.co_qualname == qualname:
+            return code
+    module = sys.modules.get(module_name)
+    if module is None or "<" in qualname:
+        return None
+    obj = module
+    try:
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        return None
+    obj = getattr(obj, "__func__", obj)
+    return getattr(obj, "__code__", None)
+
+
+def _rename_globals(code: types.CodeType, renames: dict[str, str]) -> types.CodeType:
+    consts = tuple(
+        _rename_globals(c, renames) if isinstance(c, types.CodeType) else c
+        for c in code.co_consts
+    )
+    names = tuple(renames.get(n, n) for n in code.co_names)
+    return code.replace(co_names=names, co_consts=consts)
+
+
+def _nested_codes(code: types.CodeType):
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield const
+            yield from _nested_codes(const)
+
+
+def _all_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for nested in _nested_codes(code):
+        names |= set(nested.co_names)
+    return names
+
+
+# ---------------------------------------------------------------------------
+# Backend artifacts
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _GraphRecord:
+    """What a package keeps of one graph compiled by its backend."""
+
+    backend: str
+    gm: Any
+    aot_cache_key: Optional[str] = None
+    aot_config: Optional[dict] = None
+    aot_entry: Any = None
+
+
+class _AOTCacheListener:
+    """Learns which AOTAutograd cache entry holds a packaged graph's artifacts."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[str, list[_GraphRecord]] = {}
+        self.active: Optional[_GraphRecord] = None
+
+    def on_cache_key(self, key, gm, aot_config) -> None:
+        record = self.active
+        if record is None or key is None:
+            return
+        record.aot_cache_key = key
+        record.aot_config = {
+            "num_params_buffers": aot_config.num_params_buffers,
+            "keep_inference_input_mutations": aot_config.keep_inference_input_mutations,
+            "is_export": aot_config.is_export,
+            "no_tangents": aot_config.no_tangents,
+            "dynamic_shapes": aot_config.dynamic_shapes,
+            "static_input_indices": aot_config.static_input_indices,
+            "pre_dispatch": aot_config.pre_dispatch,
+        }
+        self.by_key.setdefault(key, []).append(record)
+
+    def on_cache_entry(self, key, entry) -> None:
+        for record in self.by_key.get(key, ()):
+            record.aot_entry = entry
+
+
+_aot_listener = _AOTCacheListener()
+
+
+def _install_aot_listener() -> None:
+    from torch._functorch._aot_autograd import autograd_cache
+
+    if _aot_listener not in autograd_cache._cache_event_listeners:
+        autograd_cache._cache_event_listeners.append(_aot_listener)
+
+
+class RecordingBackend:
+    """Wraps a torch.compile backend so that each compiled graph can be packaged."""
+
+    def __init__(self, backend: Callable, kind: str) -> None:
+        self.backend = backend
+        self.kind = kind
+        self.records: dict[int, tuple[Any, _GraphRecord]] = {}
+        # Dynamo (eval_frame.c) follows this chain to the backend it guards on.
+        self._torchdynamo_orig_callable = backend
+        for attr in ("get_compiler_config", "backend_ctx_ctor", "compiler_name"):
+            if hasattr(backend, attr):
+                setattr(self, attr, getattr(backend, attr))
+
+    def __call__(self, gm, example_inputs, **kwargs):
+        record = _GraphRecord(self.kind, torch.fx.GraphModule(gm, gm.graph))
+        if self.kind == "inductor":
+            _install_aot_listener()
+            previous, _aot_listener.active = _aot_listener.active, record
+            try:
+                compiled = self.backend(gm, example_inputs, **kwargs)
+            finally:
+                _aot_listener.active = previous
+        else:
+            compiled = self.backend(gm, example_inputs, **kwargs)
+        # Dynamo installs the compiled fn re-wrapped (disable() unwraps to the
+        # innermost callable), or another bound method of the same graph module:
+        # know every object along the way.
+        for obj in (*_unwrap_chain(compiled), gm):
+            self.records[id(obj)] = (obj, record)
+        return compiled
+
+    def record_for(self, compiled_fn) -> Optional[_GraphRecord]:
+        for obj in _unwrap_chain(compiled_fn):
+            found = self.records.get(id(obj))
+            if found is not None:
+                return found[1]
+        return None
+
+
+def _unwrap_chain(fn) -> list:
+    chain = []
+    while fn is not None and len(chain) < 16:
+        chain.append(fn)
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, torch.nn.Module):
+            chain.append(owner)
+        fn = getattr(fn, "_torchdynamo_orig_callable", None)
+    return chain
+
+
+def backend_kind(backend) -> str:
+    if type(backend).__name__ == "_TorchCompileInductorWrapper":
+        return "inductor"
+    name = getattr(backend, "compiler_name", None) or getattr(backend, "__name__", "")
+    if isinstance(backend, str):
+        name = backend
+    return name if name in ("eager", "aot_eager", "inductor") else f"unsupported:{name}"
+
+
+_CPP_PYBINDING = "cpp_pybinding"
+
+
+def _kernel_sources(source_code: str) -> list[tuple[list, str]]:
+    """(argtypes, C++ source) of every CPU kernel a graph's wrapper code loads."""
+    out = []
+    for node in ast.walk(ast.parse(source_code)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == _CPP_PYBINDING
+            and len(node.args) == 2
+        ):
+            try:
+                out.append((ast.literal_eval(node.args[0]), ast.literal_eval(node.args[1])))
+            except ValueError:
+                continue
+    return out
+
+
+# Kernels include Inductor's prefix header by its absolute path in the cache dir.
+_ABSOLUTE_INCLUDE = re.compile(r'#include\s*"/[^"]*/([^"/]+)"')
+
+
+def kernel_hash(argtypes, source_code: str) -> str:
+    """Identity of a CPU kernel that does not depend on the inductor cache dir."""
+    normalized = _ABSOLUTE_INCLUDE.sub(r'#include "\1"', source_code)
+    return _sha256(repr(list(argtypes)).encode() + b"\0" + normalized.encode())
+
+
+def _compiled_fx_graph_blob(key: str) -> bytes:
+    from torch._inductor.codecache import FxGraphCache
+
+    directory = FxGraphCache._get_tmp_dir_for_key(key)
+    if not os.path.isdir(directory):
+        raise PackageError(f"FX graph cache entry {key} is missing from {directory}")
+    candidates = sorted(
+        (os.path.join(directory, f) for f in os.listdir(directory)),
+        key=os.path.getmtime,
+    )
+    if not candidates:
+        raise PackageError(f"FX graph cache entry {key} is empty")
+    # The newest candidate is the one this process's compile wrote or read.
+    with open(candidates[-1], "rb") as f:
+        return f.read()
+
+
+def _kernel_binaries(graph_blob: bytes) -> dict[str, bytes]:
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    graph = pickle.loads(graph_blob)
+    binaries = {}
+    for argtypes, source in _kernel_sources(graph.source_code):
+        kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, source)
+        module = getattr(kernel, "__self__", None)
+        path = getattr(module, "__file__", None)
+        if not path or not os.path.exists(path):
+            raise PackageError(f"compiled kernel binary for {argtypes} not found")
+        with open(path, "rb") as f:
+            binaries[kernel_hash(argtypes, source)] = f.read()
+    return binaries
+
+
+def serialize_graph(record: _GraphRecord) -> tuple[bytes, dict[str, bytes]]:
+    """The artifact of one graph and the kernel binaries it needs."""
+    if record.backend in ("eager", "aot_eager"):
+        return pickle.dumps({"backend": record.backend, "gm": record.gm}), {}
+    if record.backend != "inductor":
+        raise PackageError(f"backend {record.backend!r} artifacts cannot be packaged")
+    entry = record.aot_entry
+    if entry is None:
+        raise PackageError(
+            "its AOTAutograd cache entry was not written (a training graph's entry "
+            "is written after its first backward; run one backward before saving, "
+            "and keep torch._functorch.config.enable_autograd_cache on)"
+        )
+    fw_blob = _compiled_fx_graph_blob(entry.compiled_fw.fx_graph_cache_key)
+    bw_blob = (
+        _compiled_fx_graph_blob(entry.compiled_bw.fx_graph_cache_key)
+        if entry.compiled_bw is not None
+        else None
+    )
+    kernels = _kernel_binaries(fw_blob)
+    if bw_blob is not None:
+        kernels.update(_kernel_binaries(bw_blob))
+    from torch._inductor.codecache import pick_vec_isa
+
+    payload = {
+        "backend": "inductor",
+        "entry": pickle.dumps(entry),
+        "fw_graph": fw_blob,
+        "bw_graph": bw_blob,
+        "aot_config": record.aot_config,
+        "params": {
+            name: t.detach()
+            for name, t in [
+                *record.gm.named_parameters(remove_duplicate=False),
+                *record.gm.named_buffers(remove_duplicate=False),
+            ]
+        },
+        "vec_isa": str(pick_vec_isa()),
+    }
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    return buf.getvalue(), kernels
+
+
+class _KernelRedirect:
+    """While active, CPU kernels found in ``binaries`` load from there, not gcc."""
+
+    def __init__(self, kernel_paths: dict[str, str]) -> None:
+        self.kernel_paths = kernel_paths
+
+    @contextlib.contextmanager
+    def active(self):
+        from torch._inductor import codecache
+        from torch._inductor import config as inductor_config
+
+        cls = codecache.CppPythonBindingsCodeCache
+        original = cls.__dict__["load_pybinding_async"]
+        paths = self.kernel_paths
+
+        def load_pybinding_async(klass, argtypes, source_code, *args, **kwargs):
+            path = paths.get(kernel_hash(argtypes, source_code))
+            if path is None:
+                log.warning("package: kernel not in package, compiling it")
+                return original.__func__(klass, argtypes, source_code, *args, **kwargs)
+            key = "overlay_pkg_" + os.path.basename(path)[: -len(".so")]
+
+            def load():
+                return getattr(klass._load_library(path, key), klass.entry_function)
+
+            return load
+
+        cls.load_pybinding_async = classmethod(load_pybinding_async)
+        try:
+            with inductor_config.patch(compile_threads=1):
+                yield
+        finally:
+            cls.load_pybinding_async = original
+
+
+class _PackagedInductorGraph:
+    """A compiled Inductor graph rebuilt from a package on its first call."""
+
+    def __init__(self, payload: dict, redirect: _KernelRedirect, name: str) -> None:
+        self.payload = payload
+        self.redirect = redirect
+        self.name = name
+        self.params_flat = list(payload["params"].values())
+        self.compiled = None
+
+    def _hydrate(self, full_args):
+        from torch._functorch._aot_autograd.autograd_cache import CompiledBackward, CompiledForward
+        from torch._functorch._aot_autograd.schemas import AOTConfig
+        from torch._inductor.output_code import CompiledFxGraphConstants
+        from torch._inductor.utils import BoxedBool
+
+        entry = pickle.loads(self.payload["entry"])
+        redirect = self.redirect
+
+        def loadable(base, original, blob):
+            class _Embedded(base):
+                def load(self, example_inputs, fx_config):
+                    graph = pickle.loads(blob)
+                    constants = CompiledFxGraphConstants()
+                    with redirect.active():
+                        graph.after_deserialization(constants)
+                    graph.post_compile(example_inputs, fx_config["cudagraphs"], constants)
+                    return graph
+
+            fields = {f.name: getattr(original, f.name) for f in dataclasses.fields(base)}
+            return _Embedded(**fields)
+
+        entry.compiled_fw = loadable(CompiledForward, entry.compiled_fw, self.payload["fw_graph"])
+        if entry.compiled_bw is not None:
+            entry.compiled_bw = loadable(
+                CompiledBackward, entry.compiled_bw, self.payload["bw_graph"]
+            )
+
+        def no_compile(*args, **kwargs):
+            raise PackageError(f"packaged graph {self.name} tried to compile at load")
+
+        aot_config = AOTConfig(
+            fw_compiler=no_compile,
+            bw_compiler=no_compile,
+            partition_fn=no_compile,
+            decompositions={},
+            aot_id=-1,
+            inference_compiler=no_compile,
+            enable_log=False,
+            **self.payload["aot_config"],
+        )
+        from torch._dynamo.utils import dynamo_timed
+
+        # wrap_post_compile reports to the event a compile would have open.
+        with dynamo_timed("backend_compile", log_pt2_compile_event=True):
+            return entry.wrap_post_compile(
+                list(full_args), aot_config, {"cudagraphs": BoxedBool(False)}
+            )
+
+    def __call__(self, *runtime_args):
+        full_args = [*self.params_flat, *runtime_args]
+        if self.compiled is None:
+            self.compiled = self._hydrate(full_args)
+        return self.compiled(full_args)
+
+
+class _PackagedAOTEagerGraph:
+    """aot_eager: AOTAutograd runs again on the saved graph, on the first call
+    with each input signature (the Dynamo graph itself is saved)."""
+
+    def __init__(self, gm) -> None:
+        self.gm = gm
+        self.compiled: dict[tuple, Callable] = {}
+
+    def __call__(self, *args):
+        key = tuple(
+            (tuple(a.shape), tuple(a.stride()), a.dtype, a.requires_grad)
+            if isinstance(a, torch.Tensor)
+            else (type(a), a)
+            for a in args
+        )
+        fn = self.compiled.get(key)
+        if fn is None:
+            from torch._dynamo.backends.debugging import aot_eager
+
+            fn = self.compiled[key] = aot_eager(self.gm, list(args))
+        return fn(*args)
+
+
+def deserialize_graph(blob: bytes, redirect: _KernelRedirect, name: str):
+    if blob[:2] == b"PK":  # torch.save zip: an Inductor graph
+        payload = torch.load(io.BytesIO(blob), weights_only=False)
+        return _PackagedInductorGraph(payload, redirect, name)
+    payload = pickle.loads(blob)
+    if payload["backend"] == "eager":
+        return payload["gm"].forward
+    return _PackagedAOTEagerGraph(payload["gm"])
+
+
+# ---------------------------------------------------------------------------
+# The package
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Entry:
+    code_key: tuple
+    out_code: bytes  # marshal
+    guards_state: bytes
+    global_module: str
+    # global name -> ("graph", artifact name) | ("resume", code key)
+    #              | ("module", module name) | ("named", module, path)
+    globals: dict
+
+
+@dataclasses.dataclass
+class _LoadedEntry:
+    entry: _Entry
+    out_code: types.CodeType
+    f_globals: dict
+    guard_manager: Any = None
+
+
+class _BuiltinsOnlyUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise PackageError(
+            f"{_DYNAMO_FILE} may only hold builtin containers, not {module}.{name}"
+        )
+
+
+class CompilePackage:
+    """The compiled entries of one ``torch.compile()``; see the module docstring."""
+
+    def __init__(self, fn, path: Optional[str] = None) -> None:
+        self._fn = fn
+        self.path = path
+        self.backend: Optional[RecordingBackend] = None
+        self.entries: list[_Entry] = []
+        self._graph_records: dict[str, _GraphRecord] = {}
+        self._unsaveable: list[str] = []
+        self._loaded: list[_LoadedEntry] = []
+        self._loaded_graph_blobs: dict[str, bytes] = {}
+        self._loaded_kernels: dict[str, bytes] = {}
+        self._resume_codes: dict[str, types.CodeType] = {}
+        self._uid = _sha256(os.urandom(16))[:10]
+
+    # -- compile side ------------------------------------------------------
+    def wrap_backend(self, backend, kind: Optional[str] = None) -> RecordingBackend:
+        self.backend = RecordingBackend(backend, kind or backend_kind(backend))
+        return self.backend
+
+    def _root_codes(self) -> list[types.CodeType]:
+        fn = self._fn
+        if isinstance(fn, torch.nn.Module):
+            fn = type(fn).forward
+        fn = getattr(fn, "__func__", fn)
+        code = getattr(fn, "__code__", None)
+        return [code] if code is not None else []
+
+    def record_compile(self, code, out_code, guards_state, f_globals) -> None:
+        """Called by Dynamo once a frame compiled under this package."""
+        if guards_state is None:
+            return
+        key = _code_key(code, f_globals)
+        try:
+            global_refs = self._classify_globals(out_code, f_globals)
+        except PackageError as e:
+            self._exclude(code, str(e))
+            return
+        self.entries.append(
+            _Entry(
+                code_key=key,
+                out_code=marshal.dumps(out_code),
+                guards_state=guards_state,
+                global_module=f_globals.get("__name__"),
+                globals=global_refs,
+            )
+        )
+
+    def _exclude(self, code, reason: str) -> None:
+        message = (
+            f"torch.compile package: the entry for {code.co_qualname} "
+            f"({code.co_filename}:{code.co_firstlineno}) is not saved: {reason}"
+        )
+        if torch._dynamo.config.package_strict:
+            raise PackageError(message)
+        self._unsaveable.append(message)
+        warnings.warn(message, stacklevel=2)
+
+    def guards_refused(self, code, error: PackageError) -> None:
+        self._exclude(code, str(error))
+
+    def _classify_globals(self, out_code, f_globals) -> dict:
+        from torch._dynamo.guard_serialization import find_stable_name
+
+        refs = {}
+        for name in sorted(_all_names(out_code)):
+            if not name.startswith("__") or name not in f_globals:
+                continue
+            value = f_globals[name]
+            if name.startswith("__compiled_fn"):
+                record = self.backend.record_for(value) if self.backend else None
+                if record is None:
+                    raise PackageError(f"compiled graph {name} was not recorded")
+                artifact = f"{name}_{self._uid}"
+                self._graph_records[artifact] = record
+                refs[name] = ("graph", artifact)
+            elif name.startswith("__resume_at_") and isinstance(value, types.FunctionType):
+                refs[name] = ("resume", value.__code__.co_name, marshal.dumps(value.__code__))
+            elif isinstance(value, types.ModuleType):
+                refs[name] = ("module", value.__name__)
+            else:
+                ref = find_stable_name(value)
+                if ref is None:
+                    if name in ("__builtins__", "__name__", "__file__", "__doc__"):
+                        continue
+                    raise PackageError(f"global {name} ({type(value).__name__}) has no stable name")
+                refs[name] = ("named", ref.module, ref.path)
+        return refs
+
+    # -- save --------------------------------------------------------------
+    def save(self, path: Optional[str] = None) -> str:
+        path = path or self.path
+        if path is None:
+            raise PackageError("no package path: pass torch.compile(..., package=path)")
+        files: dict[str, bytes] = {}
+        entries = []
+        graphs_needed: set[str] = set()
+        for entry in self.entries:
+            entries.append(entry)
+            graphs_needed |= {ref[1] for ref in entry.globals.values() if ref[0] == "graph"}
+        failed: dict[str, str] = {}
+        kernels: dict[str, bytes] = dict(self._loaded_kernels)
+        for artifact in sorted(graphs_needed):
+            if artifact in self._loaded_graph_blobs:
+                files[f"graphs/{artifact}.bin"] = self._loaded_graph_blobs[artifact]
+                continue
+            try:
+                blob, graph_kernels = serialize_graph(self._graph_records[artifact])
+            except PackageError as e:
+                failed[artifact] = str(e)
+                continue
+            files[f"graphs/{artifact}.bin"] = blob
+            kernels.update(graph_kernels)
+        kept = []
+        for entry in entries:
+            bad = [failed[ref[1]] for ref in entry.globals.values() if ref[0] == "graph" and ref[1] in failed]
+            if bad:
+                message = (
+                    f"torch.compile package: an entry of {entry.code_key[-1]} is not "
+                    f"saved: its graph cannot be packaged: {bad[0]}"
+                )
+                if torch._dynamo.config.package_strict:
+                    raise PackageError(message)
+                warnings.warn(message, stacklevel=2)
+                continue
+            kept.append(entry)
+        used_kernels = kernels
+        for h, data in used_kernels.items():
+            files[f"kernels/{h}.so"] = data
+        files[_DYNAMO_FILE] = pickle.dumps(
+            [dataclasses.astuple(e) for e in kept], protocol=pickle.HIGHEST_PROTOCOL
+        )
+        manifest = {
+            "format_version": PACKAGE_FORMAT_VERSION,
+            **_environment(),
+            "overlay_series_hash": overlay_series_hash(),
+            "device": "cpu",
+            "backend": self.backend.kind if self.backend else None,
+            "entries": len(kept),
+            "files": {name: _sha256(data) for name, data in sorted(files.items())},
+        }
+        _write_atomically(Path(path), files, manifest)
+        log.info("saved %d entries to %s", len(kept), path)
+        return str(path)
+
+    # -- load --------------------------------------------------------------
+    def load(self, path: Optional[str] = None) -> None:
+        path = Path(path or self.path)
+        manifest = read_manifest(path)
+        files = {}
+        for name, digest in manifest["files"].items():
+            file_path = path / name
+            try:
+                data = file_path.read_bytes()
+            except OSError as e:
+                raise PackageError(f"package {path} is missing {name}: {e}") from e
+            if _sha256(data) != digest:
+                raise PackageError(
+                    f"package {path}: {name} is corrupted (sha256 does not match the manifest)"
+                )
+            files[name] = data
+        try:
+            raw_entries = _BuiltinsOnlyUnpickler(io.BytesIO(files[_DYNAMO_FILE])).load()
+            entries = [_Entry(*fields) for fields in raw_entries]
+        except PackageError:
+            raise
+        except Exception as e:
+            raise PackageError(f"package {path}: {_DYNAMO_FILE} is damaged: {e!r}") from e
+        kernel_paths = {
+            name[len("kernels/") : -len(".so")]: str(path / name)
+            for name in files
+            if name.startswith("kernels/")
+        }
+        self._loaded_kernels.update(
+            {h: files[f"kernels/{h}.so"] for h in kernel_paths}
+        )
+        redirect = _KernelRedirect(kernel_paths)
+        graphs = {}
+        for name, data in files.items():
+            if name.startswith("graphs/"):
+                artifact = name[len("graphs/") : -len(".bin")]
+                self._loaded_graph_blobs[artifact] = data
+                try:
+                    graphs[artifact] = deserialize_graph(data, redirect, artifact)
+                except Exception as e:
+                    raise PackageError(f"package {path}: graph {artifact} is damaged: {e!r}") from e
+        if any(v.startswith("kernels/") for v in files) or any(
+            isinstance(g, _PackagedInductorGraph) for g in graphs.values()
+        ):
+            _trust_recorded_vec_isa(manifest)
+        for entry in entries:
+            self._install_loaded(entry, graphs)
+        self.entries.extend(entries)
+
+    def _install_loaded(self, entry: _Entry, graphs: dict) -> None:
+        module = sys.modules.get(entry.global_module)
+        if module is None:
+            try:
+                module = importlib.import_module(entry.global_module)
+            except Exception as e:
+                warnings.warn(
+                    f"torch.compile package: entry of {entry.code_key[-1]} skipped: "
+                    f"module {entry.global_module} cannot be imported ({e!r})"
+                )
+                return
+        f_globals = vars(module)
+        renames = {}
+        for name, ref in entry.globals.items():
+            unique = f"{name}_pkg{self._uid}"
+            if ref[0] == "graph":
+                f_globals[unique] = torch._dynamo.disable(graphs[ref[1]])
+                renames[name] = unique
+            elif ref[0] == "resume":
+                code = marshal.loads(ref[2])
+                fn = types.FunctionType(code, f_globals, ref[1])
+                self._resume_codes[ref[1]] = code
+                f_globals[unique] = fn
+                renames[name] = unique
+            elif ref[0] == "module":
+                f_globals.setdefault(name, importlib.import_module(ref[1]))
+            else:
+                from torch._dynamo.guard_serialization import _NamedRef, resolve_name
+
+                f_globals.setdefault(name, resolve_name(_NamedRef(ref[1], ref[2])))
+        out_code = _rename_globals(marshal.loads(entry.out_code), renames)
+        for nested in _nested_codes(out_code):
+            if nested.co_name.startswith("__resume_at_"):
+                self._resume_codes[nested.co_name] = nested
+        self._loaded.append(_LoadedEntry(entry, out_code, f_globals))
+
+    def _code_of(self, entry: _Entry):
+        if entry.code_key[0] == "resume":
+            return self._resume_codes.get(entry.code_key[1])
+        return _resolve_code(entry.code_key, self._root_codes())
+
+    def lookup(self, frame, cache_entry):
+        """A saved entry whose guards accept this frame, installed; else None."""
+        if not self._loaded:
+            return None
+        from torch._dynamo.convert_frame import orig_code_map, output_codes
+        from torch._dynamo.guards import CheckFunctionManager
+        from torch._dynamo.types import GuardedCode
+        from torch._guards import CompileId
+
+        code = frame.f_code
+        for loaded in self._loaded:
+            if self._code_of(loaded.entry) is not code:
+                continue
+            if loaded.guard_manager is None:
+                loaded.guard_manager = CheckFunctionManager(
+                    code,
+                    loaded.entry.guards_state,
+                    cache_entry,
+                    guards_serialization_mode="load",
+                    runtime_global_scope=loaded.f_globals,
+                ).guard_manager
+            if not loaded.guard_manager.check(frame.f_locals):
+                continue
+            orig_code_map[loaded.out_code] = code
+            output_codes.add(loaded.out_code)
+            manager = loaded.guard_manager
+            # A guard manager belongs to one cache entry; a later miss rebuilds.
+            loaded.guard_manager = None
+            return GuardedCode(
+                loaded.out_code,
+                manager,
+                CompileId(-1, 0),
+                "Torch-Compiled Region: loaded from package",
+            )
+        return None
+
+
+class PackageAwareConvertFrame:
+    """Dynamo's frame callback, consulting the package before compiling."""
+
+    def __init__(self, convert_frame, package: CompilePackage) -> None:
+        self._torchdynamo_orig_callable = convert_frame
+        self.package = package
+        self._inner = convert_frame
+
+    def lookup_precompiled(self, frame, cache_entry):
+        from torch._dynamo.convert_frame import ConvertFrameReturn
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+        guarded = self.package.lookup(frame, cache_entry)
+        if guarded is None:
+            return None
+        return ConvertFrameReturn(
+            frame_exec_strategy=FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT),
+            guarded_code=guarded,
+        )
+
+    def __call__(self, frame, cache_entry, hooks, frame_state, **kwargs):
+        hit = self.lookup_precompiled(frame, cache_entry)
+        if hit is not None:
+            return hit
+        with _recording(self.package):
+            return self._inner(frame, cache_entry, hooks, frame_state, **kwargs)
+
+
+def find_precompiled_lookup(callback):
+    """The package lookup behind a (wrapped) Dynamo callback, if it has one."""
+    seen = 0
+    while callback is not None and seen < 8:
+        lookup = getattr(callback, "lookup_precompiled", None)
+        if lookup is not None:
+            return lookup
+        callback = getattr(callback, "_torchdynamo_orig_callable", None)
+        seen += 1
+    return None
+
+
+def _trust_recorded_vec_isa(manifest: dict) -> None:
+    """Skip Inductor's compile-and-run CPU probe: the package recorded the ISA its
+    kernels were built for, and the CPU capability was checked in the manifest."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.cpp.vec_isa_ok = True
+
+
+# ---------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------
+
+
+def _write_atomically(path: Path, files: dict[str, bytes], manifest: dict) -> None:
+    path = path.resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.saving-", dir=path.parent))
+    try:
+        for name, data in files.items():
+            target = staging / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        # The manifest goes last: a directory without one is not a package.
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        if path.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+            os.rename(path, trash / "old")
+            os.rename(staging, path)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(staging, path)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def read_manifest(path: Path) -> dict:
+    """Read and check a package's manifest; nothing is unpickled before this."""
+    try:
+        manifest = json.loads((Path(path) / MANIFEST).read_text())
+    except FileNotFoundError as e:
+        raise PackageError(f"{path} is not a torch.compile package (no {MANIFEST})") from e
+    except (OSError, ValueError) as e:
+        raise PackageError(f"package {path}: {MANIFEST} is damaged: {e}") from e
+    if not isinstance(manifest, dict) or "format_version" not in manifest:
+        raise PackageError(f"package {path}: {MANIFEST} is damaged")
+    if manifest["format_version"] != PACKAGE_FORMAT_VERSION:
+        raise PackageError(
+            f"package {path} has format version {manifest['format_version']}; this "
+            f"torch reads format {PACKAGE_FORMAT_VERSION}"
+        )
+    here = {**_environment(), "overlay_series_hash": overlay_series_hash()}
+    for field, value in here.items():
+        if manifest.get(field) != value:
+            raise PackageError(
+                f"package {path} was saved with {field}={manifest.get(field)!r}, "
+                f"this process has {field}={value!r}"
+            )
+    if not isinstance(manifest.get("files"), dict) or _DYNAMO_FILE not in manifest["files"]:
+        raise PackageError(f"package {path}: {MANIFEST} lists no entries file")
+    return manifest

@@ -1,0 +1,55 @@
+"""Loads the C++ half of functorch interpreter serialization (pytorch#152616).
+
+Importing this module gives ``torch._C._functorch.CInterpreter`` the methods
+``serialize() -> str`` and ``deserialize(str) -> CInterpreter`` (a staticmethod),
+which torch 2.7.1's own bindings lack. They live in the compiled extension
+``torch._functorch._interpreter_serialization_C``, which adds them to the class
+when it is imported; this module imports it and, where it is missing, says how to
+build it instead of failing with a bare ModuleNotFoundError.
+
+Importing it raises ``torch_overlay.ExtensionNotBuiltError`` (an ImportError)
+when the extension is missing or was built for another torch.
+
+# NOTE: [Building the interpreter serialization extension]
+# The extension is built once, from torch_overlay/csrc/functorch/, by
+# ``make ext`` (and by ``make venv``, which runs ``pip install -e .``); the
+# patched wheel carries the built file. It is never built on import: a build
+# needs a C++ compiler and ninja, and an import that silently compiles for tens of
+# seconds (or fails to) is worse than one that fails at once and names the fix.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+
+EXTENSION = "torch._functorch._interpreter_serialization_C"
+
+
+def _not_built_error(cause: ImportError) -> ImportError:
+    if isinstance(cause, ModuleNotFoundError) and cause.name == EXTENSION:
+        detail = f"{EXTENSION} is not built"
+    else:
+        detail = (
+            f"{EXTENSION} cannot be loaded ({cause}); it was probably built for "
+            "another torch, rebuild it"
+        )
+    message = (
+        "functorch interpreter serialization (CInterpreter.serialize / "
+        f"deserialize) is unavailable: {detail}. It is built from "
+        "torch_overlay/csrc/functorch/interpreter_serialization.cpp by `make ext` "
+        "(or `make venv`) in the torch_overlay checkout."
+    )
+    try:
+        from torch_overlay import ExtensionNotBuiltError
+    except ImportError:
+        # A patched wheel without torch_overlay: the wheel ships the extension,
+        # so only a damaged installation gets here.
+        return ImportError(message, name=EXTENSION)
+    return ExtensionNotBuiltError(message)
+
+
+try:
+    importlib.import_module(EXTENSION)
+except ImportError as e:
+    raise _not_built_error(e) from e
