@@ -116,8 +116,12 @@ def _environment() -> dict:
 # ---------------------------------------------------------------------------
 
 
+def _is_resume_code(code: types.CodeType) -> bool:
+    return code.co_name.startswith(("torch_dynamo_resume_in_", "__resume_at_"))
+
+
 def _code_key(code: types.CodeType, f_globals: dict) -> tuple:
-    if code.co_name.startswith("__resume_at_"):
+    if _is_resume_code(code):
         return ("resume", code.co_name)
     return ("function", f_globals.get("__name__"), code.co_qualname)
 
@@ -238,7 +242,9 @@ class RecordingBackend:
             _install_aot_listener()
             previous, _aot_listener.active = _aot_listener.active, record
             try:
-                compiled = self.backend(gm, example_inputs, **kwargs)
+                # The package saves both graphs: compile the backward now.
+                with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+                    compiled = self.backend(gm, example_inputs, **kwargs)
             finally:
                 _aot_listener.active = previous
         else:
@@ -350,9 +356,9 @@ def serialize_graph(record: _GraphRecord) -> tuple[bytes, dict[str, bytes]]:
     entry = record.aot_entry
     if entry is None:
         raise PackageError(
-            "its AOTAutograd cache entry was not written (a training graph's entry "
-            "is written after its first backward; run one backward before saving, "
-            "and keep torch._functorch.config.enable_autograd_cache on)"
+            "AOTAutograd did not write a cache entry for it (keep "
+            "torch._functorch.config.enable_autograd_cache on; graphs AOTAutograd "
+            "cannot cache, e.g. with higher-order ops, cannot be packaged)"
         )
     fw_blob = _compiled_fx_graph_blob(entry.compiled_fw.fx_graph_cache_key)
     bw_blob = (
@@ -777,7 +783,7 @@ class CompilePackage:
                 f_globals.setdefault(name, resolve_name(_NamedRef(ref[1], ref[2])))
         out_code = _rename_globals(marshal.loads(entry.out_code), renames)
         for nested in _nested_codes(out_code):
-            if nested.co_name.startswith("__resume_at_"):
+            if _is_resume_code(nested):
                 self._resume_codes[nested.co_name] = nested
         self._loaded.append(_LoadedEntry(entry, out_code, f_globals))
 

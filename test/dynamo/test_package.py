@@ -1,0 +1,434 @@
+# Owner(s): ["module: dynamo"]
+"""Compile packages: torch.compile(f, package=...), save_package, load_package.
+
+Every case is saved by one interpreter and loaded by a FRESH one with an empty
+TORCHINDUCTOR_CACHE_DIR under torch.compiler.set_stance("fail_on_recompile"),
+and the loaded outputs (and gradients) are compared with eager. The loading
+process also checks that Dynamo traced nothing and no C++ was compiled.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+from pathlib import Path
+
+import torch
+import torch._dynamo.test_case
+from torch._dynamo.exc import PackageError
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+)
+
+
+RUNNER = r'''
+import importlib.util, json, os, sys, time, warnings
+import torch
+
+mode, case_path, package_dir = sys.argv[1:4]
+spec = importlib.util.spec_from_file_location("pkg_case", case_path)
+case = importlib.util.module_from_spec(spec)
+sys.modules["pkg_case"] = case
+spec.loader.exec_module(case)
+target, calls, compile_kwargs = case.make()
+train = getattr(case, "TRAIN", False)
+compiled = torch.compile(target, package=package_dir, **compile_kwargs)
+
+
+def run(fn, args):
+    args = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
+    out = fn(*args)
+    grads = []
+    if train:
+        out.sum().backward()
+        grads = [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+        if isinstance(target, torch.nn.Module):
+            grads += [p.grad.clone() for p in target.parameters()]
+            target.zero_grad()
+    return out, grads
+
+
+report = {}
+if mode == "save":
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for args in calls:
+            run(compiled, args)
+        compiled.save_package()
+    report["warnings"] = [str(w.message) for w in caught if "package" in str(w.message)]
+else:
+    compiled.load_package()
+    from torch._dynamo.utils import counters
+    results = []
+    stance = os.environ.get("CASE_STANCE", "fail_on_recompile")
+    with torch.compiler.set_stance(stance):
+        for args in calls:
+            try:
+                got, got_grads = run(compiled, args)
+            except Exception as e:
+                results.append({"error": f"{type(e).__name__}: {e}"[:300]})
+                continue
+            want, want_grads = run(target, args)
+            same = torch.allclose(got, want, atol=1e-5) and all(
+                torch.allclose(g, w, atol=1e-5) for g, w in zip(got_grads, want_grads)
+            )
+            results.append({"same": bool(same), "grads": len(got_grads)})
+    report["results"] = results
+    report["traced_graphs"] = counters["stats"]["unique_graphs"]
+    cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    report["compiled_binaries"] = sorted(
+        f for _, _, files in os.walk(cache) for f in files if f.endswith(".so")
+    )
+print("REPORT" + json.dumps(report))
+'''
+
+
+CASES = {
+    "simple": """
+        import torch
+        def f(x, y):
+            return torch.sin(x) * 2 + y.cos()
+        def make():
+            torch.manual_seed(0)
+            return f, [(torch.randn(8), torch.randn(8))], dict(backend=BACKEND)
+    """,
+    "graph_breaks": """
+        import torch
+        def f(x):
+            y = x.relu() + 1
+            torch._dynamo.graph_break()
+            z = y * 3
+            torch._dynamo.graph_break()
+            return z.sum(0) + x.mean()
+        def make():
+            torch.manual_seed(0)
+            return f, [(torch.randn(4, 4),)], dict(backend=BACKEND)
+    """,
+    "recompiles": """
+        import torch
+        def f(x, scale):
+            return x * scale + 1
+        def make():
+            torch.manual_seed(0)
+            return f, [
+                (torch.randn(5), 2),
+                (torch.randn(5), 3),
+                (torch.randn(5, dtype=torch.float64), 2),
+            ], dict(backend=BACKEND)
+    """,
+    "module": """
+        import torch
+        class MLP(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1 = torch.nn.Linear(16, 32)
+                self.fc2 = torch.nn.Linear(32, 4)
+            def forward(self, x):
+                return self.fc2(torch.relu(self.fc1(x)))
+        def make():
+            torch.manual_seed(0)
+            return MLP(), [(torch.randn(3, 16),)], dict(backend=BACKEND)
+    """,
+    "training": """
+        import torch
+        TRAIN = True
+        class MLP(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1 = torch.nn.Linear(8, 8)
+            def forward(self, x):
+                return torch.tanh(self.fc1(x)) * x
+        def make():
+            torch.manual_seed(0)
+            return MLP(), [(torch.randn(2, 8, requires_grad=True),)], dict(backend=BACKEND)
+    """,
+    "closure_and_defaults": """
+        import torch
+        def make_fn(offset):
+            def f(x, scale=3.0, *, shift=1):
+                return x * scale + offset + shift
+            return f
+        FN = make_fn(2.0)
+        def make():
+            torch.manual_seed(0)
+            return FN, [(torch.randn(6),)], dict(backend=BACKEND)
+    """,
+    "dynamic": """
+        import torch
+        def f(x):
+            return x * x.shape[0] + 1
+        def make():
+            torch.manual_seed(0)
+            first = torch.randn(6)
+            torch._dynamo.mark_dynamic(first, 0)
+            # 6 compiles static, 9 recompiles with a dynamic size (s0 >= 2); 3 is
+            # in that range, 1 is out of it (0/1 specialization)
+            return f, [(first,), (torch.randn(9),), (torch.randn(3),), (torch.randn(1),)], dict(backend=BACKEND)
+    """,
+}
+
+
+class PackageTestCase(torch._dynamo.test_case.TestCase):
+    def setUp(self):
+        super().setUp()
+        self.tmp = Path(tempfile.mkdtemp(prefix="package-test-"))
+        # The saving side may reuse a warm cache; every load gets an empty one.
+        self.save_cache = os.environ.get(
+            "PACKAGE_TEST_SAVE_CACHE", str(Path(tempfile.gettempdir()) / "package-test-save-cache")
+        )
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        super().tearDown()
+
+    def write_case(self, name, backend):
+        source = f"BACKEND = {backend!r}\n" + textwrap.dedent(CASES[name])
+        path = self.tmp / f"case_{name}_{backend}.py"
+        path.write_text(source)
+        return path
+
+    def run_process(self, mode, case_path, package_dir, **env):
+        cache = self.save_cache if mode == "save" else tempfile.mkdtemp(dir=self.tmp, prefix="empty-cache-")
+        full_env = {
+            **os.environ,
+            "TORCHINDUCTOR_CACHE_DIR": cache,
+            **env,
+        }
+        proc = subprocess.run(
+            [sys.executable, "-c", RUNNER, mode, str(case_path), str(package_dir)],
+            capture_output=True,
+            text=True,
+            env=full_env,
+        )
+        reports = [l for l in proc.stdout.splitlines() if l.startswith("REPORT")]
+        if proc.returncode != 0 or not reports:
+            self.fail(f"{mode} process failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        return json.loads(reports[-1][len("REPORT") :])
+
+    def save_and_load(self, name, backend, **load_env):
+        case = self.write_case(name, backend)
+        package = self.tmp / "pkg" / name
+        saved = self.run_process("save", case, package)
+        self.assertEqual(saved["warnings"], [])
+        self.assertTrue((package / "manifest.json").exists())
+        return self.run_process("load", case, package, **load_env)
+
+    def assert_loaded_without_compiling(self, report, expected_results):
+        self.assertEqual(report["results"], expected_results)
+        self.assertEqual(report["traced_graphs"], 0)
+        self.assertEqual(report["compiled_binaries"], [])
+
+
+class TestPackage(PackageTestCase):
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_function(self, backend):
+        report = self.save_and_load("simple", backend)
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
+
+    @parametrize("backend", ["eager", "inductor"])
+    def test_graph_breaks_and_resume_functions(self, backend):
+        report = self.save_and_load("graph_breaks", backend)
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
+
+    def test_several_recompiles_in_one_package(self):
+        report = self.save_and_load("recompiles", "eager")
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 3)
+
+    @parametrize("backend", ["aot_eager", "inductor"])
+    def test_nn_module(self, backend):
+        report = self.save_and_load("module", backend)
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
+
+    @parametrize("backend", ["aot_eager", "inductor"])
+    def test_training_forward_and_backward(self, backend):
+        report = self.save_and_load("training", backend)
+        # input grad + weight + bias
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 3}])
+
+    def test_closure_and_default_arguments(self):
+        report = self.save_and_load("closure_and_defaults", "inductor")
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
+
+    def test_dynamic_shapes(self):
+        case = self.write_case("dynamic", "inductor")
+        package = self.tmp / "pkg"
+        # The save process sees the out-of-range size too: three entries.
+        self.run_process("save", case, package)
+        report = self.run_process("load", case, package)
+        self.assertEqual(report["results"], [{"same": True, "grads": 0}] * 4)
+        self.assertEqual(report["traced_graphs"], 0)
+        self.assertEqual(report["compiled_binaries"], [])
+        # Without the out-of-range entry, that call must recompile (and raise).
+        case.write_text(case.read_text().replace(", (torch.randn(1),)]", "]"))
+        self.run_process("save", case, package)
+        case.write_text(case.read_text().replace("(torch.randn(3),)]", "(torch.randn(3),), (torch.randn(1),)]"))
+        report = self.run_process("load", case, package)
+        self.assertEqual(report["results"][:3], [{"same": True, "grads": 0}] * 3)
+        self.assertIn("fail_on_recompile", report["results"][3]["error"])
+
+    def test_guard_failure_after_load_recompiles_or_raises(self):
+        case = self.write_case("simple", "eager")
+        package = self.tmp / "pkg"
+        self.run_process("save", case, package)
+        # A call the saved guards reject: float64 inputs.
+        case.write_text(
+            case.read_text().replace(
+                "[(torch.randn(8), torch.randn(8))]",
+                "[(torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64))]",
+            )
+        )
+        strict = self.run_process("load", case, package)
+        self.assertEqual(len(strict["results"]), 1)
+        self.assertIn("fail_on_recompile", strict["results"][0]["error"])
+        relaxed = self.run_process("load", case, package, CASE_STANCE="default")
+        self.assertEqual(relaxed["results"], [{"same": True, "grads": 0}])
+        self.assertEqual(relaxed["traced_graphs"], 1)
+
+    def test_unserializable_guard_keeps_entry_out_with_a_warning(self):
+        case = self.tmp / "case_local_class.py"
+        case.write_text(
+            textwrap.dedent(
+                """
+                import torch
+                def make():
+                    class Local:
+                        pass
+                    def f(x, o):
+                        return x + (1 if isinstance(o, Local) else 2)
+                    return (lambda x: f(x, Local())), [(torch.randn(3),)], dict(backend="eager")
+                """
+            )
+        )
+        package = self.tmp / "pkg"
+        saved = self.run_process("save", case, package)
+        self.assertEqual(len(saved["warnings"]), 1)
+        self.assertIn("is not saved", saved["warnings"][0])
+        self.assertIn("at module scope", saved["warnings"][0])
+        proc = subprocess.run(
+            [sys.executable, "-c", RUNNER, "save", str(case), str(self.tmp / "strict")],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "TORCH_DYNAMO_PACKAGE_STRICT": "1"},
+        )
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("PackageError", proc.stderr)
+
+
+class TestPackageFormat(PackageTestCase):
+    def setUp(self):
+        super().setUp()
+        self.case = self.write_case("simple", "eager")
+        self.package = self.tmp / "pkg"
+        self.run_process("save", self.case, self.package)
+
+    def load_error(self):
+        from torch._dynamo.package import CompilePackage
+
+        with self.assertRaises(PackageError) as ctx:
+            CompilePackage(lambda x: x).load(str(self.package))
+        return str(ctx.exception)
+
+    def test_manifest_lists_every_artifact_with_its_sha256(self):
+        import hashlib
+
+        manifest = json.loads((self.package / "manifest.json").read_text())
+        for field in ("format_version", "torch_version", "overlay_series_hash",
+                      "python_version", "cpu_capability", "device"):
+            self.assertIn(field, manifest)
+        on_disk = sorted(
+            str(p.relative_to(self.package)) for p in self.package.rglob("*")
+            if p.is_file() and p.name != "manifest.json"
+        )
+        self.assertEqual(sorted(manifest["files"]), on_disk)
+        for name, digest in manifest["files"].items():
+            self.assertEqual(hashlib.sha256((self.package / name).read_bytes()).hexdigest(), digest)
+
+    def test_corrupted_artifact(self):
+        graph = next((self.package / "graphs").iterdir())
+        data = bytearray(graph.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        graph.write_bytes(bytes(data))
+        self.assertIn("is corrupted (sha256 does not match the manifest)", self.load_error())
+
+    def test_truncated_package(self):
+        dynamo_bin = self.package / "dynamo.bin"
+        dynamo_bin.write_bytes(dynamo_bin.read_bytes()[:10])
+        self.assertIn("dynamo.bin is corrupted", self.load_error())
+        (self.package / "manifest.json").write_text('{"format_version": 1, "fil')
+        self.assertIn("manifest.json is damaged", self.load_error())
+        (self.package / "manifest.json").unlink()
+        self.assertIn("is not a torch.compile package", self.load_error())
+
+    def test_tampered_entries_are_refused_before_running(self):
+        import hashlib
+        import pickle
+
+        class Exploit:
+            def __reduce__(self):
+                return (os.system, ("echo pwned",))
+
+        data = pickle.dumps([Exploit()])
+        (self.package / "dynamo.bin").write_bytes(data)
+        manifest = json.loads((self.package / "manifest.json").read_text())
+        manifest["files"]["dynamo.bin"] = hashlib.sha256(data).hexdigest()
+        (self.package / "manifest.json").write_text(json.dumps(manifest))
+        self.assertIn("may only hold builtin containers", self.load_error())
+
+    @parametrize(
+        "field,value",
+        [
+            ("format_version", 99),
+            ("torch_version", "2.13.0"),
+            ("overlay_series_hash", "0" * 64),
+            ("python_version", "3.12.0"),
+            ("cpu_capability", "AVX512_FAKE"),
+        ],
+    )
+    def test_version_mismatch(self, field, value):
+        manifest = json.loads((self.package / "manifest.json").read_text())
+        manifest[field] = value
+        (self.package / "manifest.json").write_text(json.dumps(manifest))
+        message = self.load_error()
+        self.assertIn(str(value), message)
+        if field != "format_version":
+            self.assertIn(field, message)
+
+    def test_crashed_save_leaves_the_previous_package_intact(self):
+        from torch._dynamo import package as package_mod
+
+        before = (self.package / "manifest.json").read_text()
+        real_mkdtemp = tempfile.mkdtemp
+
+        def failing_write(path, files, manifest):
+            staging = Path(real_mkdtemp(prefix=f".{path.name}.saving-", dir=path.parent))
+            (staging / "dynamo.bin").write_bytes(b"half")
+            raise OSError("disk full")
+
+        pkg = package_mod.CompilePackage(lambda x: x, str(self.package))
+        original = package_mod._write_atomically
+        package_mod._write_atomically = lambda path, files, manifest: (
+            original(path, {**files, "graphs/x.bin": None}, manifest)  # type: ignore[dict-item]
+        )
+        try:
+            with self.assertRaises(TypeError):
+                pkg.save()
+        finally:
+            package_mod._write_atomically = original
+        self.assertEqual((self.package / "manifest.json").read_text(), before)
+        leftovers = [p.name for p in self.package.parent.iterdir() if p.name.startswith(".pkg")]
+        self.assertEqual(leftovers, [])
+
+
+instantiate_parametrized_tests(TestPackage)
+instantiate_parametrized_tests(TestPackageFormat)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()
