@@ -139,10 +139,11 @@ def _hash_files(paths: tuple[tuple[str, str], ...], base: str) -> str:
 
 
 def series_hash(directory: Path | None = None) -> str:
-    """Identity of the patch series: the base release, ``series`` and every patch.
+    """Identity of the patch set: the base release, ``series``, every patch, the
+    mirrored new modules and the C++ extension's sources.
 
-    Keys the materialised cache (patched sources depend on nothing else) and names
-    the patched wheel.
+    Keys the materialised cache, names the patched wheel and stamps compile
+    packages: anything that changes what torch runs changes it.
     """
     directory = directory or patches_dir()
     series_file = directory / "series"
@@ -150,4 +151,12 @@ def series_hash(directory: Path | None = None) -> str:
     if series_file.exists():
         entries.append(("series", str(series_file)))
     entries += [(p.name, str(p.path)) for p in read_series(directory)]
+    for name, path in sorted(mirrored_modules().items()):
+        if path.suffix == ".py":
+            entries.append((name, str(path)))
+    csrc = PACKAGE_DIR / "csrc"
+    if csrc.is_dir():
+        for path in sorted(csrc.rglob("*")):
+            if path.is_file() and path.suffix in (".cpp", ".h"):
+                entries.append((str(path.relative_to(PACKAGE_DIR)), str(path)))
     return _hash_files(tuple(entries), base_version())
