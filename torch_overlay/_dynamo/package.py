@@ -96,10 +96,10 @@ def overlay_series_hash() -> str:
     try:
         from torch_overlay._overlay.series import series_hash
 
-        return series_hash()
+        return series_hash()[:12]
     except ImportError:
         version = str(torch.__version__)
-        return version.split("+overlay.", 1)[1] if "+overlay." in version else "none"
+        return version.split("+overlay.", 1)[1][:12] if "+overlay." in version else "none"
 
 
 def _environment() -> dict:
@@ -373,7 +373,7 @@ def serialize_graph(record: _GraphRecord) -> tuple[bytes, dict[str, bytes]]:
 
     payload = {
         "backend": "inductor",
-        "entry": pickle.dumps(entry),
+        "entry": entry.serialize() if hasattr(entry, "serialize") else pickle.dumps(entry),
         "fw_graph": fw_blob,
         "bw_graph": bw_blob,
         "aot_config": record.aot_config,
@@ -648,9 +648,17 @@ class CompilePackage:
 
     # -- save --------------------------------------------------------------
     def save(self, path: Optional[str] = None) -> str:
+        """Write the package as a directory (see NOTE: [Package format])."""
         path = path or self.path
         if path is None:
             raise PackageError("no package path: pass torch.compile(..., package=path)")
+        files, manifest = self.collect_files()
+        _write_atomically(Path(path), files, manifest)
+        log.info("saved %d entries to %s", manifest["entries"], path)
+        return str(path)
+
+    def collect_files(self) -> tuple[dict[str, bytes], dict]:
+        """The package's files and manifest, however they are then stored."""
         files: dict[str, bytes] = {}
         entries = []
         graphs_needed: set[str] = set()
@@ -698,26 +706,37 @@ class CompilePackage:
             "entries": len(kept),
             "files": {name: _sha256(data) for name, data in sorted(files.items())},
         }
-        _write_atomically(Path(path), files, manifest)
-        log.info("saved %d entries to %s", len(kept), path)
-        return str(path)
+        return files, manifest
 
     # -- load --------------------------------------------------------------
-    def load(self, path: Optional[str] = None) -> None:
+    def load(self, path: Optional[str] = None) -> list[_LoadedEntry]:
+        """Read a package directory; its entries are then looked up on calls."""
         path = Path(path or self.path)
         manifest = read_manifest(path)
         files = {}
-        for name, digest in manifest["files"].items():
-            file_path = path / name
+        for name in manifest["files"]:
             try:
-                data = file_path.read_bytes()
+                files[name] = (path / name).read_bytes()
             except OSError as e:
                 raise PackageError(f"package {path} is missing {name}: {e}") from e
-            if _sha256(data) != digest:
+        return self.load_files(files, manifest, path, kernel_dir=path)
+
+    def load_files(self, files, manifest, path, kernel_dir: Optional[Path] = None):
+        """Install entries from a package's verified files (directory or archive)."""
+        for name, digest in manifest["files"].items():
+            if name not in files:
+                raise PackageError(f"package {path} is missing {name}")
+            if _sha256(files[name]) != digest:
                 raise PackageError(
                     f"package {path}: {name} is corrupted (sha256 does not match the manifest)"
                 )
-            files[name] = data
+        if kernel_dir is None:
+            # An archive: kernel binaries must be files to be loaded.
+            kernel_dir = Path(tempfile.mkdtemp(prefix="torch_package_kernels_"))
+            for name, data in files.items():
+                if name.startswith("kernels/"):
+                    (kernel_dir / "kernels").mkdir(exist_ok=True)
+                    (kernel_dir / name).write_bytes(data)
         try:
             raw_entries = _BuiltinsOnlyUnpickler(io.BytesIO(files[_DYNAMO_FILE])).load()
             entries = [_Entry(*fields) for fields in raw_entries]
@@ -726,7 +745,7 @@ class CompilePackage:
         except Exception as e:
             raise PackageError(f"package {path}: {_DYNAMO_FILE} is damaged: {e!r}") from e
         kernel_paths = {
-            name[len("kernels/") : -len(".so")]: str(path / name)
+            name[len("kernels/") : -len(".so")]: str(kernel_dir / name)
             for name in files
             if name.startswith("kernels/")
         }
@@ -747,9 +766,13 @@ class CompilePackage:
             isinstance(g, _PackagedInductorGraph) for g in graphs.values()
         ):
             _trust_recorded_vec_isa(manifest)
+        installed = []
         for entry in entries:
-            self._install_loaded(entry, graphs)
+            loaded = self._install_loaded(entry, graphs)
+            if loaded is not None:
+                installed.append(loaded)
         self.entries.extend(entries)
+        return installed
 
     def _install_loaded(self, entry: _Entry, graphs: dict) -> None:
         module = sys.modules.get(entry.global_module)
@@ -761,7 +784,7 @@ class CompilePackage:
                     f"torch.compile package: entry of {entry.code_key[-1]} skipped: "
                     f"module {entry.global_module} cannot be imported ({e!r})"
                 )
-                return
+                return None
         f_globals = vars(module)
         renames = {}
         for name, ref in entry.globals.items():
@@ -785,7 +808,9 @@ class CompilePackage:
         for nested in _nested_codes(out_code):
             if _is_resume_code(nested):
                 self._resume_codes[nested.co_name] = nested
-        self._loaded.append(_LoadedEntry(entry, out_code, f_globals))
+        loaded = _LoadedEntry(entry, out_code, f_globals)
+        self._loaded.append(loaded)
+        return loaded
 
     def _code_of(self, entry: _Entry):
         if entry.code_key[0] == "resume":
@@ -913,6 +938,11 @@ def read_manifest(path: Path) -> dict:
         raise PackageError(f"{path} is not a torch.compile package (no {MANIFEST})") from e
     except (OSError, ValueError) as e:
         raise PackageError(f"package {path}: {MANIFEST} is damaged: {e}") from e
+    return check_manifest(manifest, path)
+
+
+def check_manifest(manifest, path) -> dict:
+    """Check a manifest against this process (format, versions, CPU)."""
     if not isinstance(manifest, dict) or "format_version" not in manifest:
         raise PackageError(f"package {path}: {MANIFEST} is damaged")
     if manifest["format_version"] != PACKAGE_FORMAT_VERSION:
@@ -930,3 +960,33 @@ def read_manifest(path: Path) -> dict:
     if not isinstance(manifest.get("files"), dict) or _DYNAMO_FILE not in manifest["files"]:
         raise PackageError(f"package {path}: {MANIFEST} lists no entries file")
     return manifest
+
+
+def write_archive(fileobj, files: dict[str, bytes], manifest: dict) -> None:
+    """The package format in one file: an uncompressed zip of the same files."""
+    import zipfile
+
+    with zipfile.ZipFile(fileobj, "w", compression=zipfile.ZIP_STORED) as archive:
+        for name, data in sorted(files.items()):
+            archive.writestr(name, data)
+        archive.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def read_archive(fileobj, where: str) -> tuple[dict[str, bytes], dict]:
+    """Files and checked manifest of an archive written by :func:`write_archive`."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(fileobj) as archive:
+            names = set(archive.namelist())
+            if MANIFEST not in names:
+                raise PackageError(f"{where} is not a torch.compile package (no {MANIFEST})")
+            try:
+                manifest = json.loads(archive.read(MANIFEST))
+            except ValueError as e:
+                raise PackageError(f"package {where}: {MANIFEST} is damaged: {e}") from e
+            manifest = check_manifest(manifest, where)
+            files = {name: archive.read(name) for name in manifest["files"] if name in names}
+    except zipfile.BadZipFile as e:
+        raise PackageError(f"{where} is damaged or truncated: {e}") from e
+    return files, manifest
