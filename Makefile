@@ -12,23 +12,110 @@ BUILD := build
 export TORCH_OVERLAY_CACHE_DIR ?= $(abspath $(BUILD))/overlay-cache
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-overlay test-wheel wheel wheel-venv export export-check status edit refresh clean
+.PHONY: venv ext test test-overlay test-wheel wheel wheel-venv export export-check status edit refresh clean
 
+# The C++ extension (torch_overlay/csrc/, see setup.py), built in place where the torch
+# module it provides is mirrored: torch_overlay/_functorch/ holds torch._functorch's.
+EXT_SUFFIX := $(shell $(if $(wildcard $(PY)),$(PY),$(PYTHON_BOOT)) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
+EXT_SRCS := $(shell find torch_overlay/csrc -name '*.cpp' -o -name '*.h')
+EXT_SO := torch_overlay/_functorch/_interpreter_serialization_C$(EXT_SUFFIX)
+
+# `pip install -e` also builds the C++ extension in place (setup.py), with ninja,
+# which is installed first for that reason.
 $(STAMP): torch_overlay/_overlay/base_version.txt pyproject.toml setup.py torch_overlay.pth
 	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
 	$(PY) -m pip install --upgrade "pip>=23" "setuptools>=68" wheel
-	$(PY) -m pip install "torch==$(BASE_TORCH)"
+	$(PY) -m pip install "torch==$(BASE_TORCH)" ninja
 	$(PY) -m pip install --no-build-isolation -e ".[test]"
 	$(PY) -m torch_overlay install-pth
 	$(PY) -m torch_overlay materialize
 	touch $@
 
-venv: $(STAMP)
+venv: $(STAMP) $(EXT_SO)
+
+# Rebuilds the extension after a change to its sources (never done at import).
+$(EXT_SO): $(EXT_SRCS) setup.py | $(STAMP)
+	$(PY) setup.py -q build_ext --inplace
+
+ext: $(EXT_SO)
 
 test: test-overlay test-wheel export-check
 
 test-overlay: venv
 	TORCH_OVERLAY=1 TORCH_OVERLAY_EXPECT=overlay $(PY) -m pytest test $(PYTEST_ARGS)
+
+# The patched wheel: dist/torch-$(BASE_TORCH)+overlay.<series hash>-<tags>.whl, and a
+# fresh venv holding it (and neither torch_overlay nor the overlay's .pth) to test it in.
+WHEEL_VENV := $(BUILD)/wheel-venv
+WHEEL_PY := $(abspath $(WHEEL_VENV))/bin/python
+WHEEL_STAMP := $(WHEEL_VENV)/.patched-wheel-installed
+# Names the built wheel; build_wheel.py rewrites it only when the wheel changes, so
+# the wheel venv is rebuilt exactly then.
+WHEEL_POINTER := $(BUILD)/patched-wheel.txt
+
+.PHONY: wheel-check FORCE
+FORCE:
+
+$(WHEEL_POINTER): FORCE $(STAMP) $(EXT_SO)
+	$(PY) build_scripts/build_wheel.py --pointer $@
+
+wheel: $(WHEEL_POINTER)
+
+$(WHEEL_STAMP): $(WHEEL_POINTER)
+	rm -rf $(WHEEL_VENV)
+	$(PYTHON_BOOT) -m venv $(WHEEL_VENV)
+	$(WHEEL_PY) -m pip install --quiet "$$(head -n 1 $(WHEEL_POINTER))" pytest expecttest numpy
+	touch $@
+
+wheel-venv: $(WHEEL_STAMP)
+
+# The wheel's contents against the overlay's sources (needs torch_overlay, so it runs
+# in the dev venv).
+wheel-check: wheel
+	$(PY) -m pytest test/overlay/test_patched_wheel.py
+
+# -P keeps the repo root (and so torch_overlay/) off sys.path: the wheel must stand
+# alone. pytest still finds the repo's pyproject.toml from test/.
+test-wheel: wheel-check wheel-venv
+	env -u TORCH_OVERLAY TORCH_OVERLAY_EXPECT=wheel $(WHEEL_PY) -P -m pytest test $(PYTEST_ARGS)
+
+# The upstream export: a `git am` series for pytorch at tag v$(BASE_TORCH).
+EXPORT_DIR := $(BUILD)/upstream-export
+
+export: venv
+	$(PY) build_scripts/export_upstream.py --out $(EXPORT_DIR)
+
+export-check: export
+	$(PY) build_scripts/export_upstream.py --check --out $(EXPORT_DIR)
+
+# Behaviour diff against upstream (build_scripts/diff_upstream.py): the suite and the
+# guard probe set (build_scripts/guard_probes.py) on stock $(BASE_TORCH), the overlay,
+# the patched wheel (reported as absent when not built) and upstream torch
+# $(UPSTREAM_TORCH) in its own venv. Report: $(DIFF_DIR)/report.md and report.json.
+UPSTREAM_TORCH := 2.13.0
+UPSTREAM_VENV := .venv-upstream
+UPSTREAM_PY := $(abspath $(UPSTREAM_VENV))/bin/python
+UPSTREAM_STAMP := $(UPSTREAM_VENV)/.upstream-torch-installed
+DIFF_DIR := $(BUILD)/diff-upstream
+DIFF_ARGS ?=
+
+.PHONY: upstream-venv diff-upstream diff-overlay-wheel
+
+$(UPSTREAM_STAMP):
+	test -x $(UPSTREAM_PY) || $(PYTHON_BOOT) -m venv $(UPSTREAM_VENV)
+	$(UPSTREAM_PY) -m pip install "torch==$(UPSTREAM_TORCH)" pytest expecttest numpy
+	touch $@
+
+upstream-venv: $(UPSTREAM_STAMP)
+
+diff-upstream: venv upstream-venv
+	$(PY) build_scripts/diff_upstream.py --out $(DIFF_DIR) $(DIFF_ARGS)
+
+# What CI runs: the overlay and the patched wheel apply the same patches, so they must
+# agree on every test and every guard probe decision (exit 1 otherwise).
+diff-overlay-wheel: venv wheel-venv
+	$(PY) build_scripts/diff_upstream.py --out $(BUILD)/diff-overlay-wheel \
+		--envs overlay,wheel --require-agreement overlay,wheel $(DIFF_ARGS)
 
 status: venv
 	$(PY) -m torch_overlay status

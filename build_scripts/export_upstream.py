@@ -155,8 +155,12 @@ def _commit_files(
 
 def mirrored_module_files() -> dict[str, Path]:
     """``torch/X/y.py`` -> ``torch_overlay/X/y.py`` for every mirrored new module."""
+    # Compiled extensions are build outputs; their C++ is exported by
+    # export_csrc_changes(), never the binary.
     files = {
-        series.mirrored_relpath(path): path for path in series.mirrored_modules().values()
+        series.mirrored_relpath(path): path
+        for path in series.mirrored_modules().values()
+        if path.suffix == ".py"
     }
     return dict(sorted(files.items()))
 

@@ -1,9 +1,11 @@
 // CInterpreter.serialize / CInterpreter.deserialize for torch 2.7.1.
 //
 // Built as torch._functorch._interpreter_serialization_C (see setup.py); importing
-// it adds the two methods to torch._C._functorch.CInterpreter. Upstream (from
-// pytorch#152616) has them on at::functorch::Interpreter itself, bound in
-// torch/csrc/functorch/init.cpp; the export maps this file onto that change.
+// it adds the two methods to torch._C._functorch.CInterpreter. Upstream
+// (pytorch#152616) has them on at::functorch::Interpreter itself
+// (ATen/functorch/Interpreter.h), bound in torch/csrc/functorch/init.cpp: the
+// functions below are that change's serialize / deserialize, and
+// initInterpreterSerializationBindings its two .def lines.
 
 #include <ATen/functorch/ADInterpreters.h>
 #include <ATen/functorch/FunctionalizeInterpreter.h>

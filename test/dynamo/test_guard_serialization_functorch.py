@@ -1,0 +1,482 @@
+# Owner(s): ["module: functorch"]
+"""FUNCTORCH_STACK_MATCH and DUAL_LEVEL guards saved and loaded (pytorch#152616).
+
+Protocol (the seed's): keep one guard type with guard_filter_fn, run
+InstructionTranslator directly on an example function to get the OutputGraph and
+the reference CheckFunctionManager (guards_serialization_mode="save"), rebuild a
+manager from ``pickle.loads(guards_state)`` with guards_serialization_mode="load",
+then check both under accepted and rejected functorch stacks and require equal
+decisions. The six cases are where the compiled frame runs: 0. under no layer
+(the function itself uses torch.func), 1. vmap, 2. grad, 3. jvp + vmap,
+4. functionalize, 5. vmap + grad. Order matters: a stack is a sequence of layers.
+
+On 2.7.1 Dynamo compiles a frame that runs inside vmap / grad / jvp only with
+the eager backend (any other backend falls back to eager at once), so the
+example frames are traced with it, as upstream's test does.
+"""
+
+import contextlib
+import dataclasses
+import inspect
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import textwrap
+import types
+
+import torch
+import torch._dynamo
+import torch._dynamo.convert_frame as convert_frame
+import torch._dynamo.test_case
+import torch.autograd.forward_ad as fwAD
+from torch._C._functorch import _func_decrement_nesting, _func_increment_nesting
+from torch._dynamo.bytecode_transformation import transform_code_object
+from torch._dynamo.exc import PackageError, RestartAnalysis, SpeculationRestartAnalysis
+from torch._dynamo.guards import CheckFunctionManager
+from torch._dynamo.symbolic_convert import (
+    ExceptionStack,
+    InstructionTranslator,
+    SpeculationLog,
+)
+from torch._dynamo.utils import dynamo_timed, get_metrics_context
+from torch._functorch.eager_transforms import (
+    grad_increment_nesting,
+    jvp_increment_nesting,
+)
+from torch._functorch.vmap import vmap_increment_nesting
+from torch._guards import compile_context, CompileContext, CompileId, tracing
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+)
+
+
+# ---------------------------------------------------------------------------
+# Example functions (module level: their code is found again in a fresh process)
+# ---------------------------------------------------------------------------
+
+
+def summed(x):
+    return x.sum()
+
+
+def sin_sum(x):
+    return x.sin().sum()
+
+
+def uses_jvp(x):
+    return torch.func.jvp(torch.sin, (x,), (x,))
+
+
+def uses_vmap_of_grad(x):
+    return torch.func.vmap(torch.func.grad(sin_sum))(x)
+
+
+def uses_dual_level(x):
+    with fwAD.dual_level():
+        return x + 1
+
+
+# ---------------------------------------------------------------------------
+# Building guards the seed's way
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Built:
+    code: types.CodeType
+    ref: CheckFunctionManager
+    f_locals: dict
+
+
+def build_check_fn_manager(fn, args, guard_filter_fn):
+    """Trace ``fn(*args)`` with InstructionTranslator here (inside whatever
+    functorch layers are live) and build its guard manager in save mode."""
+    bound = inspect.signature(fn).bind(*args)
+    code = fn.__code__
+    f_locals = dict(bound.arguments)
+    f_globals = fn.__globals__
+    f_builtins = f_globals["__builtins__"]
+    if isinstance(f_builtins, types.ModuleType):
+        f_builtins = vars(f_builtins)
+    speculation_log = SpeculationLog()
+    out = {}
+
+    def transform(instructions, code_options):
+        tracer = InstructionTranslator(
+            instructions,
+            code,
+            f_locals,
+            f_globals,
+            f_builtins,
+            fn.__closure__ or (),
+            torch.overrides._get_current_function_mode_stack(),
+            code_options,
+            torch._dynamo.lookup_backend("eager"),
+            one_graph=False,
+            export=False,
+            export_constraints=None,
+            frame_state=None,
+            speculation_log=speculation_log,
+            exn_vt_stack=ExceptionStack(),
+            distributed_state=None,
+        )
+        convert_frame.initial_global_state = convert_frame.GlobalStateGuard()
+        try:
+            with compile_context(CompileContext(CompileId(0, 0))), tracing(
+                tracer.output.tracing_context
+            ), tracer.set_current_tx(), get_metrics_context(), dynamo_timed(""):
+                tracer.run()
+                out["ref"] = CheckFunctionManager(
+                    code,
+                    tracer.output,
+                    guard_filter_fn=guard_filter_fn,
+                    guards_serialization_mode="save",
+                )
+        finally:
+            convert_frame.initial_global_state = None
+
+    # Dynamo's own retry loop: a speculation that failed replays with its log.
+    for _ in range(100):
+        try:
+            transform_code_object(code, transform)
+            break
+        except SpeculationRestartAnalysis:
+            speculation_log.restart()
+        except RestartAnalysis:
+            speculation_log.clear()
+    return Built(code, out["ref"], f_locals)
+
+
+def keep_only(guard_type):
+    def guard_filter_fn(entries):
+        keep = [e.guard_type == guard_type for e in entries]
+        assert any(keep), f"no {guard_type} guard among {[e.guard_type for e in entries]}"
+        return keep
+
+    return guard_filter_fn
+
+
+def keep_local_and_global_state_guards(entries):
+    """Drops guards on globals (torch.func internals here), like upstream's
+    torch.compiler.skip_guard_on_globals_unsafe."""
+    return [not e.is_global for e in entries]
+
+
+def load_check_fn_manager(code, guards_state: bytes) -> CheckFunctionManager:
+    return CheckFunctionManager(
+        code, pickle.loads(guards_state), guards_serialization_mode="load"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Functorch stacks
+# ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _functionalize_layer():
+    _func_increment_nesting(True)
+    try:
+        yield
+    finally:
+        _func_decrement_nesting()
+
+
+@contextlib.contextmanager
+def _grad_layer_entered_under_no_grad():
+    # The layer remembers grad mode was off; grad mode itself is back on, so
+    # only the functorch stack differs from a plain grad layer.
+    with torch.no_grad(), grad_increment_nesting(), torch.enable_grad():
+        yield
+
+
+@contextlib.contextmanager
+def _jvp_layer_entered_with_fwd_grad_disabled():
+    with fwAD._set_fwd_grad_enabled(False), jvp_increment_nesting():
+        with fwAD._set_fwd_grad_enabled(True):
+            yield
+
+
+LAYERS = {
+    "vmap": lambda: vmap_increment_nesting(1, "error"),
+    # The batch size is not part of the guarded state; randomness is.
+    "vmap_of_7": lambda: vmap_increment_nesting(7, "error"),
+    "vmap_same_randomness": lambda: vmap_increment_nesting(1, "same"),
+    "grad": grad_increment_nesting,
+    "grad_under_no_grad": _grad_layer_entered_under_no_grad,
+    "jvp": jvp_increment_nesting,
+    "jvp_fwd_grad_disabled": _jvp_layer_entered_with_fwd_grad_disabled,
+    "functionalize": _functionalize_layer,
+}
+
+
+@contextlib.contextmanager
+def functorch_stack(stack):
+    """Pushes the layers named by ``stack`` (a '+'-joined string, bottom first)."""
+    with contextlib.ExitStack() as exit_stack:
+        for name in stack.split("+") if stack else ():
+            exit_stack.enter_context(LAYERS[name]())
+        yield
+
+
+# ---------------------------------------------------------------------------
+# The six cases
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class StackCase:
+    # Calls ``run`` (which compiles ``fn``) under the case's transforms.
+    nest: object
+    fn: object
+    saved_states: list
+    accepted: list
+    rejected: list
+
+
+def _compiled_directly(run, x):
+    return run(x)
+
+
+CASES = {
+    "no_layer": StackCase(
+        nest=_compiled_directly,
+        fn=uses_jvp,
+        saved_states=[],
+        accepted=[""],
+        rejected=["vmap", "grad", "jvp", "functionalize", "vmap+grad"],
+    ),
+    "vmap": StackCase(
+        nest=lambda run, x: torch.vmap(run)(x),
+        fn=summed,
+        saved_states=[("Vmap", 1, "error")],
+        accepted=["vmap", "vmap_of_7"],
+        rejected=["", "vmap_same_randomness", "vmap+vmap", "grad", "functionalize"],
+    ),
+    "grad": StackCase(
+        nest=lambda run, x: torch.func.grad(run)(x),
+        fn=summed,
+        saved_states=[("Grad", 1, True)],
+        accepted=["grad"],
+        rejected=["", "grad_under_no_grad", "grad+grad", "vmap", "jvp"],
+    ),
+    "jvp_vmap": StackCase(
+        nest=lambda run, x: torch.func.jvp(torch.vmap(run), (x,), (x,)),
+        fn=summed,
+        saved_states=[("Jvp", 1, True), ("Vmap", 2, "error")],
+        accepted=["jvp+vmap"],
+        rejected=["", "vmap+jvp", "jvp", "vmap", "jvp_fwd_grad_disabled+vmap"],
+    ),
+    "functionalize": StackCase(
+        nest=lambda run, x: torch.func.functionalize(run)(x),
+        fn=summed,
+        saved_states=[("Functionalize", 1)],
+        accepted=["functionalize"],
+        rejected=["", "jvp", "vmap", "functionalize+functionalize"],
+    ),
+    "vmap_grad": StackCase(
+        nest=lambda run, x: torch.vmap(torch.func.grad(run))(x),
+        fn=summed,
+        saved_states=[("Vmap", 1, "error"), ("Grad", 2, True)],
+        accepted=["vmap+grad", "vmap_of_7+grad"],
+        rejected=["", "grad+vmap", "vmap", "grad", "vmap+grad_under_no_grad"],
+    ),
+}
+
+
+def save_case(case_name):
+    """Compiles the case's function where the case says; returns the reference
+    manager and its ``guards_state``."""
+    case = CASES[case_name]
+    built = {}
+
+    def run(x):
+        # Dynamo would make automatic-dynamic shapes out of a recompile here;
+        # the guard under test does not depend on them.
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+            built["built"] = build_check_fn_manager(
+                case.fn, (x,), keep_only("FUNCTORCH_STACK_MATCH")
+            )
+        return case.fn(x)
+
+    case.nest(run, torch.randn(3, 2))
+    return built["built"]
+
+
+def decide_under_stacks(check_fn_manager, stacks, f_locals):
+    decisions = {}
+    for stack in stacks:
+        with functorch_stack(stack):
+            decisions[stack] = check_fn_manager.guard_manager.check(f_locals)
+    return decisions
+
+
+class TestFunctorchStackGuardSerialization(torch._dynamo.test_case.TestCase):
+    def assert_same_decisions(self, built, loaded, accepted, rejected):
+        self.assertTrue(accepted and rejected, "need accepted and rejected stacks")
+        f_locals = {"x": torch.randn(3, 2)}
+        for expected, stacks in ((True, accepted), (False, rejected)):
+            ref = decide_under_stacks(built.ref, stacks, f_locals)
+            got = decide_under_stacks(loaded, stacks, f_locals)
+            self.assertEqual(ref, dict.fromkeys(stacks, expected))
+            self.assertEqual(got, ref)
+
+    def check_case(self, case_name):
+        case = CASES[case_name]
+        built = save_case(case_name)
+        state = pickle.loads(built.ref.guards_state)
+        self.assertEqual(state.output_graph.global_state.functorch_states, case.saved_states)
+        loaded = load_check_fn_manager(built.code, built.ref.guards_state)
+        self.assert_same_decisions(built, loaded, case.accepted, case.rejected)
+
+    def test_no_layer(self):
+        self.check_case("no_layer")
+
+    def test_in_vmap(self):
+        self.check_case("vmap")
+
+    def test_in_grad(self):
+        self.check_case("grad")
+
+    def test_in_jvp_and_vmap(self):
+        self.check_case("jvp_vmap")
+
+    def test_in_functionalize(self):
+        self.check_case("functionalize")
+
+    def test_in_vmap_and_grad(self):
+        self.check_case("vmap_grad")
+
+    @parametrize("case_name", ["vmap", "vmap_grad"])
+    def test_loading_under_other_layers_uses_the_saved_stack(self, case_name):
+        # The loaded guard compares with the stack saved, not the one live at load.
+        case = CASES[case_name]
+        built = save_case(case_name)
+        with functorch_stack("grad+grad+functionalize"):
+            loaded = load_check_fn_manager(built.code, built.ref.guards_state)
+        self.assert_same_decisions(built, loaded, case.accepted, case.rejected)
+
+    @parametrize("case_name", ["vmap", "vmap_grad"])
+    def test_cross_process(self, case_name):
+        # Saved by one interpreter, loaded and decided by a fresh one.
+        case = CASES[case_name]
+        here = os.path.dirname(os.path.abspath(__file__))
+        module = os.path.splitext(os.path.basename(__file__))[0]
+        prelude = f"import sys\nsys.path.insert(0, {here!r})\nimport {module} as t\n"
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "guards.bin")
+            save = prelude + textwrap.dedent(
+                f"""
+                built = t.save_case({case_name!r})
+                open({path!r}, "wb").write(built.ref.guards_state)
+                """
+            )
+            load = prelude + textwrap.dedent(
+                f"""
+                import json, torch
+                case = t.CASES[{case_name!r}]
+                loaded = t.load_check_fn_manager(
+                    case.fn.__code__, open({path!r}, "rb").read()
+                )
+                stacks = case.accepted + case.rejected
+                print(json.dumps(t.decide_under_stacks(loaded, stacks, {{"x": torch.ones(2)}})))
+                """
+            )
+            safe_path = ["-P"] if sys.flags.safe_path else []
+            for script in (save, load):
+                proc = subprocess.run(
+                    [sys.executable, *safe_path, "-c", script],
+                    capture_output=True,
+                    text=True,
+                )
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+        expected = {
+            **dict.fromkeys(case.accepted, True),
+            **dict.fromkeys(case.rejected, False),
+        }
+        self.assertEqual(json.loads(proc.stdout), expected)
+
+    def test_tensor_match_on_a_functorch_wrapped_input_is_refused(self):
+        # A BatchedTensor's dispatch keys (FuncTorchBatched) cannot be rebuilt on
+        # a plain stand-in tensor: the save fails, naming guard and source.
+        def run(x):
+            with self.assertRaisesRegex(PackageError, r"TENSOR_MATCH guard on L\['x'\]"):
+                build_check_fn_manager(summed, (x,), keep_only("TENSOR_MATCH"))
+            return x
+
+        torch.vmap(run)(torch.randn(3, 2))
+
+
+class TestTransformsInCompiledRegion(torch._dynamo.test_case.TestCase):
+    """The compiled function itself calls torch.func transforms."""
+
+    def assert_same_decisions(self, built, loaded, accepted, rejected):
+        for expected, items in ((True, accepted), (False, rejected)):
+            for stack, f_locals in items:
+                with functorch_stack(stack):
+                    ref = built.ref.guard_manager.check(f_locals)
+                    got = loaded.guard_manager.check(f_locals)
+                self.assertEqual(ref, expected, f"reference on {stack!r}")
+                self.assertEqual(got, ref, f"loaded on {stack!r}")
+
+    # functionalize in a compiled region is a graph break on 2.7.1.
+    @parametrize("fn_name", ["uses_vmap_of_grad", "uses_jvp"])
+    def test_functorch_stack_match(self, fn_name):
+        fn = globals()[fn_name]
+        x = torch.randn(3, 2)
+        built = build_check_fn_manager(fn, (x,), keep_only("FUNCTORCH_STACK_MATCH"))
+        loaded = load_check_fn_manager(built.code, built.ref.guards_state)
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[("", {"x": x})],
+            rejected=[("vmap", {"x": x}), ("grad", {"x": x}), ("functionalize", {"x": x})],
+        )
+
+    @parametrize("fn_name", ["uses_vmap_of_grad", "uses_jvp"])
+    def test_local_and_global_state_guards(self, fn_name):
+        fn = globals()[fn_name]
+        # Every guard but those on globals (torch.func's internals): the input's
+        # tensor guards, the global state and the functorch stack.
+        x = torch.randn(3, 2)
+        built = build_check_fn_manager(fn, (x,), keep_local_and_global_state_guards)
+        loaded = load_check_fn_manager(built.code, built.ref.guards_state)
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[("", {"x": torch.randn(3, 2)})],
+            rejected=[
+                ("", {"x": torch.randn(4, 2)}),
+                ("", {"x": torch.randn(3, 2, dtype=torch.float64)}),
+                ("vmap", {"x": torch.randn(3, 2)}),
+            ],
+        )
+
+    def test_dual_level(self):
+        x = torch.randn(3)
+        built = build_check_fn_manager(uses_dual_level, (x,), keep_only("DUAL_LEVEL"))
+        self.assertEqual(pickle.loads(built.ref.guards_state).output_graph.global_state.dual_level, -1)
+        loaded = load_check_fn_manager(built.code, built.ref.guards_state)
+        with fwAD.dual_level():
+            # Built from the saved level, not the one live at load.
+            loaded_in_dual_level = load_check_fn_manager(built.code, built.ref.guards_state)
+        for manager in (loaded, loaded_in_dual_level):
+            self.assertTrue(built.ref.guard_manager.check({"x": x}))
+            self.assertTrue(manager.guard_manager.check({"x": x}))
+            with fwAD.dual_level():
+                self.assertFalse(built.ref.guard_manager.check({"x": x}))
+                self.assertFalse(manager.guard_manager.check({"x": x}))
+
+
+instantiate_parametrized_tests(TestFunctorchStackGuardSerialization)
+instantiate_parametrized_tests(TestTransformsInCompiledRegion)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()

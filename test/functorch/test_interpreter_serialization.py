@@ -1,0 +1,356 @@
+# Owner(s): ["module: functorch"]
+"""Functorch interpreters serialize (pytorch#152616, backported to torch 2.7.1).
+
+``torch._C._functorch.CInterpreter`` gets ``serialize()`` -> JSON text and a static
+``deserialize(text)`` from the C++ extension
+``torch._functorch._interpreter_serialization_C``, and the Python interpreter
+classes of ``torch._functorch.pyfunctorch`` pickle through them.
+
+Where the extension is not importable these tests skip with the reason, except
+under ``make`` (``TORCH_OVERLAY_EXPECT`` set), where a missing extension is a
+failure: the suite must not pass by skipping what it was built to test.
+"""
+
+import contextlib
+import functools
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import unittest
+
+import torch
+import torch._dynamo.test_case
+import torch.autograd.forward_ad as fwAD
+from torch._C._functorch import (
+    _func_decrement_nesting,
+    _func_increment_nesting,
+    CInterpreter,
+    TransformType,
+)
+from torch._functorch import pyfunctorch
+from torch._functorch.eager_transforms import (
+    grad_increment_nesting,
+    jvp_increment_nesting,
+)
+from torch._functorch.vmap import vmap_increment_nesting
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+)
+
+
+EXTENSION = "torch._functorch._interpreter_serialization_C"
+
+try:
+    import torch._functorch._interpreter_serialization  # noqa: F401
+
+    EXTENSION_ERROR = None
+except ImportError as e:
+    EXTENSION_ERROR = e
+
+
+def requires_extension(test):
+    """Skips ``test`` without the extension, or fails it with the reason under make."""
+    if EXTENSION_ERROR is None:
+        return test
+    if not os.environ.get("TORCH_OVERLAY_EXPECT"):
+        return unittest.skip(str(EXTENSION_ERROR))(test)
+
+    @functools.wraps(test)
+    def fail(*args, **kwargs):
+        raise EXTENSION_ERROR
+
+    return fail
+
+
+@contextlib.contextmanager
+def functionalize_nesting(add_back_views):
+    level = _func_increment_nesting(add_back_views)
+    try:
+        yield level
+    finally:
+        _func_decrement_nesting()
+
+
+@contextlib.contextmanager
+def fwd_grad_disabled():
+    with fwAD._set_fwd_grad_enabled(False):
+        yield
+
+
+# Each case pushes one functorch layer; the state the layer must keep is what
+# the Python interpreter class reports about it.
+LAYERS = {
+    "vmap_error": (lambda: vmap_increment_nesting(3, "error"), None),
+    "vmap_same": (lambda: vmap_increment_nesting(5, "same"), None),
+    "vmap_different": (lambda: vmap_increment_nesting(1, "different"), None),
+    "grad": (grad_increment_nesting, None),
+    "grad_under_no_grad": (grad_increment_nesting, torch.no_grad),
+    "jvp": (jvp_increment_nesting, None),
+    "jvp_under_fwd_grad_disabled": (jvp_increment_nesting, fwd_grad_disabled),
+    "functionalize": (lambda: functionalize_nesting(False), None),
+    "functionalize_add_back_views": (lambda: functionalize_nesting(True), None),
+}
+
+
+def transform_state(interpreter):
+    """Everything a Python interpreter says about its layer."""
+    state = {"key": interpreter.key(), "level": interpreter.level()}
+    if isinstance(interpreter, pyfunctorch.VmapInterpreter):
+        state["batch_size"] = interpreter.batch_size()
+        state["randomness"] = interpreter.randomness()
+    elif isinstance(interpreter, pyfunctorch.GradInterpreter):
+        state["prev_grad_mode"] = interpreter.prev_grad_mode()
+    elif isinstance(interpreter, pyfunctorch.JvpInterpreter):
+        state["prev_fwd_grad_mode"] = interpreter.prev_fwd_grad_mode()
+    elif isinstance(interpreter, pyfunctorch.FunctionalizeInterpreter):
+        state["add_back_views"] = interpreter.functionalize_add_back_views()
+    return state
+
+
+@contextlib.contextmanager
+def live_interpreters(*layer_names):
+    """Pushes the named layers; yields their Python interpreters, bottom first."""
+    with contextlib.ExitStack() as stack:
+        for name in layer_names:
+            push, outer = LAYERS[name]
+            if outer is not None:
+                stack.enter_context(outer())
+            stack.enter_context(push())
+        yield pyfunctorch.retrieve_all_functorch_interpreters()
+
+
+def interpreters_under(*layer_names):
+    """The interpreters of the named layers, once the layers are popped again."""
+    with live_interpreters(*layer_names) as interpreters:
+        return interpreters
+
+
+# Text that does not describe an interpreter, and what deserialize says about it.
+MALFORMED = {
+    "empty": ("", "not JSON"),
+    "not_an_object": ("[1]", "expected a JSON object"),
+    "no_type": ("{}", 'no "type"'),
+    "torch_type": ('{"type":0,"level":1}', '"type" of the interpreter is out of range'),
+    "level_zero": ('{"type":1,"level":0}', '"level" of the interpreter is out of range'),
+    "level_not_int": ('{"type":1,"level":true}', '"level" of the interpreter must be an integer'),
+    "meta_of_other_transform": (
+        '{"type":2,"level":1,"meta":{"Vmap":{}}}',
+        '"meta" has no "Grad"',
+    ),
+    "bad_randomness": (
+        '{"type":1,"level":1,"meta":{"Vmap":{"batchSize":2,"randomness":3}}}',
+        '"randomness" of Vmap is out of range',
+    ),
+    "flag_not_bool": (
+        '{"type":4,"level":1,"meta":{"Functionalize":{"functionalizeAddBackViews":1}}}',
+        "must be true or false",
+    ),
+    "negative_key_set": (
+        '{"type":1,"level":1,"meta":{"Vmap":{"batchSize":2,"randomness":0}},'
+        '"savedLocalDispatchKeySet":{"included":-1,"excluded":0},"is_alive":true}',
+        "not a 64-bit key set",
+    ),
+}
+
+
+class TestCInterpreterSerialization(torch._dynamo.test_case.TestCase):
+    @requires_extension
+    def test_extension_is_the_mirrored_torch_module(self):
+        import importlib
+
+        ext = importlib.import_module(EXTENSION)
+        suffix = os.path.join("_functorch", os.path.basename(ext.__file__))
+        self.assertTrue(ext.__file__.endswith(suffix))
+        if os.environ.get("TORCH_OVERLAY_EXPECT") == "wheel":
+            # The patched wheel carries it next to torch's own modules.
+            torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+            self.assertEqual(
+                os.path.dirname(os.path.abspath(ext.__file__)),
+                os.path.join(torch_dir, "_functorch"),
+            )
+        for name in ("serialize", "deserialize"):
+            self.assertTrue(getattr(CInterpreter, name).__doc__.strip())
+
+    @requires_extension
+    @parametrize("layer", list(LAYERS))
+    def test_round_trip(self, layer):
+        with live_interpreters(layer) as (interpreter,):
+            text = interpreter._cdata.serialize()
+        self.assertIsInstance(text, str)
+        self.assertIn('"is_alive":true', text)
+        restored = CInterpreter.deserialize(text)
+        self.assertIs(type(restored), CInterpreter)
+        self.assertEqual(restored.key(), interpreter.key())
+        self.assertEqual(restored.level(), interpreter.level())
+        self.assertEqual(
+            transform_state(pyfunctorch.coerce_cinterpreter(restored)),
+            transform_state(interpreter),
+        )
+        self.assertEqual(restored.serialize(), text)
+
+    @requires_extension
+    def test_nested_layers_keep_their_levels(self):
+        interpreters = interpreters_under("vmap_same", "grad", "jvp", "functionalize")
+        restored = [
+            CInterpreter.deserialize(i._cdata.serialize()) for i in interpreters
+        ]
+        self.assertEqual(
+            [(c.key(), c.level()) for c in restored],
+            [
+                (TransformType.Vmap, 1),
+                (TransformType.Grad, 2),
+                (TransformType.Jvp, 3),
+                (TransformType.Functionalize, 4),
+            ],
+        )
+
+    @requires_extension
+    def test_format(self):
+        # The JSON text upstream's nlohmann::json(interpreter).dump() writes.
+        with live_interpreters("vmap_same", "grad_under_no_grad") as (vmap, grad):
+            vmap_text = vmap._cdata.serialize()
+            grad_text = grad._cdata.serialize()
+        self.assertExpectedInline(
+            vmap_text,
+            """{"is_alive":true,"level":1,"meta":{"Vmap":{"batchSize":5,"randomness":1}},"savedLocalDispatchKeySet":null,"type":1}""",
+        )
+        self.assertExpectedInline(
+            grad_text,
+            """{"is_alive":true,"level":2,"meta":{"Grad":{"prevGradMode":false}},"savedLocalDispatchKeySet":null,"type":2}""",
+        )
+
+    @requires_extension
+    def test_interpreter_outside_its_transform_is_not_alive(self):
+        (interpreter,) = interpreters_under("grad")
+        text = interpreter._cdata.serialize()
+        self.assertIn('"is_alive":false', text)
+        self.assertEqual(CInterpreter.deserialize(text).serialize(), text)
+
+    @requires_extension
+    def test_saved_local_dispatch_key_set(self):
+        # Only an interpreter caught while processing an operator holds one;
+        # the text form carries it either way.
+        included = torch._C.DispatchKeySet(torch._C.DispatchKey.FuncTorchBatched)
+        excluded = torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradCPU)
+        text = (
+            '{"is_alive":true,"level":2,"meta":{"Jvp":{"prevFwdGradMode":true}},'
+            f'"savedLocalDispatchKeySet":{{"excluded":{excluded.raw_repr()},'
+            f'"included":{included.raw_repr()}}},"type":3}}'
+        )
+        self.assertEqual(CInterpreter.deserialize(text).serialize(), text)
+
+    @requires_extension
+    def test_reads_text_written_by_torch_2_13(self):
+        # 2.13 adds prevInferenceMode to grad and jvp; false is 2.7.1's behaviour.
+        text = (
+            '{"is_alive":false,"level":2,"meta":{"Grad":{"prevGradMode":true,'
+            '"prevInferenceMode":false}},"savedLocalDispatchKeySet":null,"type":2}'
+        )
+        restored = CInterpreter.deserialize(text)
+        self.assertEqual((restored.key(), restored.level()), (TransformType.Grad, 2))
+        self.assertTrue(pyfunctorch.GradInterpreter(restored).prev_grad_mode())
+        with self.assertRaisesRegex(ValueError, "prevInferenceMode"):
+            CInterpreter.deserialize(text.replace('"prevInferenceMode":false', '"prevInferenceMode":true'))
+
+    @requires_extension
+    @parametrize("case", list(MALFORMED))
+    def test_malformed_text_is_a_value_error(self, case):
+        text, message = MALFORMED[case]
+        with self.assertRaisesRegex(ValueError, message):
+            CInterpreter.deserialize(text)
+
+    def test_missing_extension_names_the_make_target(self):
+        # A fresh interpreter in which the compiled module cannot be found.
+        script = textwrap.dedent(
+            f"""
+            import importlib.abc, sys
+            class Missing(importlib.abc.MetaPathFinder):
+                def find_spec(self, name, path=None, target=None):
+                    if name == {EXTENSION!r}:
+                        raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+            sys.meta_path.insert(0, Missing())
+            import torch, pickle
+            from torch._functorch import pyfunctorch
+            try:
+                with torch._functorch.vmap.vmap_increment_nesting(2, "error"):
+                    pickle.dumps(pyfunctorch.retrieve_current_functorch_interpreter())
+            except ImportError as e:
+                try:
+                    from torch_overlay import ExtensionNotBuiltError as expected
+                except ImportError:  # a patched wheel without torch_overlay
+                    expected = ImportError
+                print(type(e) is expected)
+                print(e)
+            """
+        )
+        safe_path = ["-P"] if sys.flags.safe_path else []
+        proc = subprocess.run(
+            [sys.executable, *safe_path, "-c", script], capture_output=True, text=True
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        expected_type, _, message = proc.stdout.partition("\n")
+        self.assertEqual(expected_type, "True", proc.stdout)
+        self.assertIn(f"{EXTENSION} is not built", message)
+        self.assertIn("`make ext`", message)
+
+
+class TestPythonInterpreterPickling(torch._dynamo.test_case.TestCase):
+    @requires_extension
+    @parametrize("layer", list(LAYERS))
+    def test_pickle_round_trip(self, layer):
+        (interpreter,) = interpreters_under(layer)
+        restored = pickle.loads(pickle.dumps(interpreter))
+        self.assertIs(type(restored), type(interpreter))
+        self.assertIs(type(restored._cdata), CInterpreter)
+        self.assertEqual(transform_state(restored), transform_state(interpreter))
+        self.assertEqual(restored.get_state(), interpreter.get_state())
+        self.assertTrue(restored.check_state(interpreter.get_state()))
+
+    @requires_extension
+    def test_pickle_while_the_layer_is_live(self):
+        restored = []
+
+        def f(x):
+            restored.extend(
+                pickle.loads(
+                    pickle.dumps(pyfunctorch.retrieve_all_functorch_interpreters())
+                )
+            )
+            return x.sin().sum()
+
+        torch.vmap(torch.func.grad(f), randomness="same")(torch.randn(3, 2))
+        self.assertEqual(
+            [i.get_state() for i in restored],
+            [("Vmap", 1, "same"), ("Grad", 2, True)],
+        )
+        # An unpickled layer describes the stack; it is not pushed on it.
+        self.assertIsNone(torch._C._functorch.peek_interpreter_stack())
+
+    @requires_extension
+    def test_unpickled_layer_matches_a_live_stack(self):
+        saved = pickle.dumps(interpreters_under("vmap_error", "grad"))
+        states = [i.get_state() for i in pickle.loads(saved)]
+        with vmap_increment_nesting(7, "error"), grad_increment_nesting():
+            self.assertTrue(pyfunctorch.compare_functorch_state(states))
+        with grad_increment_nesting(), vmap_increment_nesting(7, "error"):
+            self.assertFalse(pyfunctorch.compare_functorch_state(states))
+
+    @requires_extension
+    def test_pickle_has_no_cptr(self):
+        (interpreter,) = interpreters_under("jvp")
+        interpreter.prev_fwd_grad_mode()  # creates the cached _cptr
+        self.assertNotIn("_cptr", interpreter.__getstate__())
+        self.assertIsInstance(interpreter.__getstate__()["_cdata"], str)
+
+
+instantiate_parametrized_tests(TestCInterpreterSerialization)
+instantiate_parametrized_tests(TestPythonInterpreterPickling)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()
