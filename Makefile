@@ -12,7 +12,7 @@ BUILD := build
 export TORCH_OVERLAY_CACHE_DIR ?= $(abspath $(BUILD))/overlay-cache
 PYTEST_ARGS ?=
 
-.PHONY: venv ext test test-overlay test-wheel wheel wheel-venv export export-check status edit refresh clean
+.PHONY: venv ext test test-overlay test-wheel wheel wheel-venv export export-check status edit refresh clean demo bench-guards bench-load
 
 # The C++ extension (torch_overlay/csrc/, see setup.py), built in place where the torch
 # module it provides is mirrored: torch_overlay/_functorch/ holds torch._functorch's.
@@ -116,6 +116,18 @@ diff-upstream: venv upstream-venv
 diff-overlay-wheel: venv wheel-venv
 	$(PY) build_scripts/diff_upstream.py --out $(BUILD)/diff-overlay-wheel \
 		--envs overlay,wheel --require-agreement overlay,wheel $(DIFF_ARGS)
+
+# The README's main job: compile with a package, load it in a fresh process with
+# an empty inductor cache, nothing recompiles.
+demo: venv
+	$(PY) examples/precompile_demo.py
+
+# Benchmarks (never part of `make test`): results under benchmarks/results/.
+bench-guards: venv
+	$(PY) benchmarks/guard_check.py
+
+bench-load: venv upstream-venv
+	$(PY) benchmarks/load_time.py
 
 status: venv
 	$(PY) -m torch_overlay status
