@@ -30,7 +30,7 @@ import torch._dynamo.test_case
 import torch.autograd.forward_ad as fwAD
 import torch.utils._pytree as pytree
 from torch._dynamo.bytecode_transformation import transform_code_object
-from torch._dynamo.exc import PackageError
+from torch._dynamo.exc import PackageError, RestartAnalysis, SpeculationRestartAnalysis
 from torch._dynamo.guards import CheckFunctionManager, GuardBuilder
 from torch._dynamo.source import AttrSource, GlobalStateSource, LocalSource
 from torch._dynamo.symbolic_convert import (
@@ -116,6 +116,8 @@ def build_check_fn_manager(
     guard_types=None,
     extra_guards=(),
     mode="save",
+    guard_filter_fn=None,
+    backend=None,
 ):
     """Trace ``fn(*args)`` with InstructionTranslator; build its guard manager.
 
@@ -133,9 +135,13 @@ def build_check_fn_manager(
     if isinstance(f_builtins, types.ModuleType):
         f_builtins = vars(f_builtins)
     out = {}
+    speculation_log = SpeculationLog()
 
-    def guard_filter_fn(entries):
+    def keep_guard_types(entries):
         return [e.guard_type in guard_types for e in entries]
+
+    if guard_filter_fn is None and guard_types:
+        guard_filter_fn = keep_guard_types
 
     def transform(instructions, code_options):
         tracer = InstructionTranslator(
@@ -147,12 +153,12 @@ def build_check_fn_manager(
             getattr(fn, "__closure__", None) or (),
             torch.overrides._get_current_function_mode_stack(),
             code_options,
-            lambda gm, example_inputs: gm.forward,
+            backend or (lambda gm, example_inputs: gm.forward),
             one_graph=False,
             export=False,
             export_constraints=None,
             frame_state=None,
-            speculation_log=SpeculationLog(),
+            speculation_log=speculation_log,
             exn_vt_stack=ExceptionStack(),
             distributed_state=None,
         )
@@ -167,13 +173,21 @@ def build_check_fn_manager(
                 out["ref"] = CheckFunctionManager(
                     code,
                     tracer.output,
-                    guard_filter_fn=guard_filter_fn if guard_types else None,
+                    guard_filter_fn=guard_filter_fn,
                     guards_serialization_mode=mode,
                 )
         finally:
             convert_frame.initial_global_state = None
 
-    transform_code_object(code, transform)
+    # Dynamo's own retry loop: a speculation that failed replays with its log.
+    for _ in range(100):
+        try:
+            transform_code_object(code, transform)
+            break
+        except SpeculationRestartAnalysis:
+            speculation_log.restart()
+        except RestartAnalysis:
+            speculation_log.clear()
     return Built(code, out["ref"], f_locals)
 
 

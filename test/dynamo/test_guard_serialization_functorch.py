@@ -17,7 +17,6 @@ example frames are traced with it, as upstream's test does.
 
 import contextlib
 import dataclasses
-import inspect
 import json
 import os
 import pickle
@@ -25,29 +24,20 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import types
 
 import torch
 import torch._dynamo
-import torch._dynamo.convert_frame as convert_frame
 import torch._dynamo.test_case
 import torch.autograd.forward_ad as fwAD
 from torch._C._functorch import _func_decrement_nesting, _func_increment_nesting
-from torch._dynamo.bytecode_transformation import transform_code_object
-from torch._dynamo.exc import PackageError, RestartAnalysis, SpeculationRestartAnalysis
+from torch._dynamo.exc import PackageError
 from torch._dynamo.guards import CheckFunctionManager
-from torch._dynamo.symbolic_convert import (
-    ExceptionStack,
-    InstructionTranslator,
-    SpeculationLog,
-)
-from torch._dynamo.utils import dynamo_timed, get_metrics_context
 from torch._functorch.eager_transforms import (
     grad_increment_nesting,
     jvp_increment_nesting,
 )
 from torch._functorch.vmap import vmap_increment_nesting
-from torch._guards import compile_context, CompileContext, CompileId, tracing
+from test_guard_serialization import build_check_fn_manager as _build_check_fn_manager
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
@@ -85,70 +75,15 @@ def uses_dual_level(x):
 # ---------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class Built:
-    code: types.CodeType
-    ref: CheckFunctionManager
-    f_locals: dict
-
-
 def build_check_fn_manager(fn, args, guard_filter_fn):
-    """Trace ``fn(*args)`` with InstructionTranslator here (inside whatever
-    functorch layers are live) and build its guard manager in save mode."""
-    bound = inspect.signature(fn).bind(*args)
-    code = fn.__code__
-    f_locals = dict(bound.arguments)
-    f_globals = fn.__globals__
-    f_builtins = f_globals["__builtins__"]
-    if isinstance(f_builtins, types.ModuleType):
-        f_builtins = vars(f_builtins)
-    speculation_log = SpeculationLog()
-    out = {}
-
-    def transform(instructions, code_options):
-        tracer = InstructionTranslator(
-            instructions,
-            code,
-            f_locals,
-            f_globals,
-            f_builtins,
-            fn.__closure__ or (),
-            torch.overrides._get_current_function_mode_stack(),
-            code_options,
-            torch._dynamo.lookup_backend("eager"),
-            one_graph=False,
-            export=False,
-            export_constraints=None,
-            frame_state=None,
-            speculation_log=speculation_log,
-            exn_vt_stack=ExceptionStack(),
-            distributed_state=None,
-        )
-        convert_frame.initial_global_state = convert_frame.GlobalStateGuard()
-        try:
-            with compile_context(CompileContext(CompileId(0, 0))), tracing(
-                tracer.output.tracing_context
-            ), tracer.set_current_tx(), get_metrics_context(), dynamo_timed(""):
-                tracer.run()
-                out["ref"] = CheckFunctionManager(
-                    code,
-                    tracer.output,
-                    guard_filter_fn=guard_filter_fn,
-                    guards_serialization_mode="save",
-                )
-        finally:
-            convert_frame.initial_global_state = None
-
-    # Dynamo's own retry loop: a speculation that failed replays with its log.
-    for _ in range(100):
-        try:
-            transform_code_object(code, transform)
-            break
-        except SpeculationRestartAnalysis:
-            speculation_log.restart()
-        except RestartAnalysis:
-            speculation_log.clear()
-    return Built(code, out["ref"], f_locals)
+    """The seed's protocol (test_guard_serialization.build_check_fn_manager), traced
+    here, inside whatever functorch layers are live, with the eager backend."""
+    return _build_check_fn_manager(
+        fn,
+        args,
+        guard_filter_fn=guard_filter_fn,
+        backend=torch._dynamo.lookup_backend("eager"),
+    )
 
 
 def keep_only(guard_type):

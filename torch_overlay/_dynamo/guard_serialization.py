@@ -729,45 +729,37 @@ class SavedGlobalState:
     @contextlib.contextmanager
     def applied(self):
         """Make this the live state while a guard manager is built, then restore."""
-        import torch.utils._device as device_mod
-
         previous = SavedGlobalState.capture()
-        saved_device = device_mod.CURRENT_DEVICE
-        saved_level = torch.autograd.forward_ad._current_level
         with contextlib.ExitStack() as stack:
-            torch._C._set_grad_enabled(self.grad_enabled)
-            torch.use_deterministic_algorithms(
-                self.deterministic, warn_only=self.deterministic_warn_only
-            )
-            torch.set_num_threads(self.num_threads)
-            torch.set_default_dtype(getattr(torch, self.default_dtype))
-            torch._C._set_cublas_allow_tf32(self.cublas_allow_tf32)
-            for device_type, (enabled, dtype) in self.autocast.items():
-                torch.set_autocast_enabled(device_type, enabled)
-                torch.set_autocast_dtype(device_type, getattr(torch, dtype))
+            self._make_live()
             if self.torch_function_all_disabled:
                 stack.enter_context(torch._C.DisableTorchFunction())
             elif not self.torch_function_enabled:
                 stack.enter_context(torch._C.DisableTorchFunctionSubclass())
-            device_mod.CURRENT_DEVICE = (
-                None if self.default_device is None else torch.device(self.default_device)
-            )
-            torch.autograd.forward_ad._current_level = self.dual_level
             try:
                 yield
             finally:
-                torch.autograd.forward_ad._current_level = saved_level
-                device_mod.CURRENT_DEVICE = saved_device
-                torch._C._set_grad_enabled(previous.grad_enabled)
-                torch.use_deterministic_algorithms(
-                    previous.deterministic, warn_only=previous.deterministic_warn_only
-                )
-                torch.set_num_threads(previous.num_threads)
-                torch.set_default_dtype(getattr(torch, previous.default_dtype))
-                torch._C._set_cublas_allow_tf32(previous.cublas_allow_tf32)
-                for device_type, (enabled, dtype) in previous.autocast.items():
-                    torch.set_autocast_enabled(device_type, enabled)
-                    torch.set_autocast_dtype(device_type, getattr(torch, dtype))
+                previous._make_live()
+
+    def _make_live(self) -> None:
+        """Set the process state this object records (torch function state aside:
+        it only has context managers, entered by ``applied``)."""
+        import torch.utils._device as device_mod
+
+        torch._C._set_grad_enabled(self.grad_enabled)
+        torch.use_deterministic_algorithms(
+            self.deterministic, warn_only=self.deterministic_warn_only
+        )
+        torch.set_num_threads(self.num_threads)
+        torch.set_default_dtype(getattr(torch, self.default_dtype))
+        torch._C._set_cublas_allow_tf32(self.cublas_allow_tf32)
+        for device_type, (enabled, dtype) in self.autocast.items():
+            torch.set_autocast_enabled(device_type, enabled)
+            torch.set_autocast_dtype(device_type, getattr(torch, dtype))
+        device_mod.CURRENT_DEVICE = (
+            None if self.default_device is None else torch.device(self.default_device)
+        )
+        torch.autograd.forward_ad._current_level = self.dual_level
 
 
 def _autocast_device_types() -> list[str]:
