@@ -398,6 +398,14 @@ class TestPackageFormat(PackageTestCase):
         if field != "format_version":
             self.assertIn(field, message)
 
+    @unittest.skipIf(torch.cuda.is_available(), "needs a machine without CUDA")
+    def test_package_for_a_missing_device(self):
+        manifest = json.loads((self.package / "manifest.json").read_text())
+        self.assertEqual(manifest["device"], "cpu")
+        manifest["device"] = "cpu,cuda"
+        (self.package / "manifest.json").write_text(json.dumps(manifest))
+        self.assertIn("compiled for device 'cuda'", self.load_error())
+
     def test_crashed_save_leaves_the_previous_package_intact(self):
         from torch._dynamo import package as package_mod
 

@@ -180,6 +180,7 @@ class _GraphRecord:
 
     backend: str
     gm: Any
+    devices: tuple = ()
     aot_cache_key: Optional[str] = None
     aot_config: Optional[dict] = None
     aot_entry: Any = None
@@ -237,7 +238,14 @@ class RecordingBackend:
                 setattr(self, attr, getattr(backend, attr))
 
     def __call__(self, gm, example_inputs, **kwargs):
-        record = _GraphRecord(self.kind, torch.fx.GraphModule(gm, gm.graph))
+        devices = {
+            t.device.type
+            for t in [*example_inputs, *gm.parameters(), *gm.buffers()]
+            if isinstance(t, torch.Tensor)
+        }
+        record = _GraphRecord(
+            self.kind, torch.fx.GraphModule(gm, gm.graph), tuple(sorted(devices))
+        )
         if self.kind == "inductor":
             _install_aot_listener()
             previous, _aot_listener.active = _aot_listener.active, record
@@ -570,6 +578,7 @@ class CompilePackage:
         self._loaded_graph_blobs: dict[str, bytes] = {}
         self._loaded_kernels: dict[str, bytes] = {}
         self._resume_codes: dict[str, types.CodeType] = {}
+        self._loaded_devices: set[str] = set()
         self._uid = _sha256(os.urandom(16))[:10]
 
     # -- compile side ------------------------------------------------------
@@ -701,7 +710,13 @@ class CompilePackage:
             "format_version": PACKAGE_FORMAT_VERSION,
             **_environment(),
             "overlay_series_hash": overlay_series_hash(),
-            "device": "cpu",
+            "device": ",".join(
+                sorted(
+                    {d for r in self._graph_records.values() for d in r.devices}
+                    | set(self._loaded_devices)
+                )
+            )
+            or "cpu",
             "backend": self.backend.kind if self.backend else None,
             "entries": len(kept),
             "files": {name: _sha256(data) for name, data in sorted(files.items())},
@@ -723,6 +738,7 @@ class CompilePackage:
 
     def load_files(self, files, manifest, path, kernel_dir: Optional[Path] = None):
         """Install entries from a package's verified files (directory or archive)."""
+        self._loaded_devices |= set(manifest.get("device", "cpu").split(","))
         for name, digest in manifest["files"].items():
             if name not in files:
                 raise PackageError(f"package {path} is missing {name}")
@@ -956,6 +972,12 @@ def check_manifest(manifest, path) -> dict:
             raise PackageError(
                 f"package {path} was saved with {field}={manifest.get(field)!r}, "
                 f"this process has {field}={value!r}"
+            )
+    for device in str(manifest.get("device", "cpu")).split(","):
+        if device not in ("cpu", "meta") and not getattr(torch, device).is_available():
+            raise PackageError(
+                f"package {path} was compiled for device {device!r}, which this "
+                "process does not have"
             )
     if not isinstance(manifest.get("files"), dict) or _DYNAMO_FILE not in manifest["files"]:
         raise PackageError(f"package {path}: {MANIFEST} lists no entries file")
