@@ -12,6 +12,8 @@ BUILD := build
 export TORCH_OVERLAY_CACHE_DIR ?= $(abspath $(BUILD))/overlay-cache
 PYTEST_ARGS ?=
 
+
+.PHONY: agree-overlay-wheel
 .PHONY: venv ext test test-overlay test-wheel wheel wheel-venv export export-check status edit refresh clean demo bench-guards bench-load
 
 # The C++ extension (torch_overlay/csrc/, see setup.py), built in place where the torch
@@ -39,10 +41,18 @@ $(EXT_SO): $(EXT_SRCS) setup.py | $(STAMP)
 
 ext: $(EXT_SO)
 
-test: test-overlay test-wheel export-check
+test: test-overlay test-wheel export-check agree-overlay-wheel
+
+# The overlay and the patched wheel deliver the same patches: their test outcomes
+# (junit XML of the two runs above) and guard probe decisions must agree.
+agree-overlay-wheel: test-overlay test-wheel
+	$(PY) build_scripts/compare_junit.py $(BUILD)/junit/overlay.xml $(BUILD)/junit/wheel.xml
+	$(PY) build_scripts/diff_upstream.py --no-tests --out $(BUILD)/diff-overlay-wheel \
+		--envs overlay,wheel --require-agreement overlay,wheel
 
 test-overlay: venv
-	TORCH_OVERLAY=1 TORCH_OVERLAY_EXPECT=overlay $(PY) -m pytest test $(PYTEST_ARGS)
+	mkdir -p $(BUILD)/junit
+	TORCH_OVERLAY=1 TORCH_OVERLAY_EXPECT=overlay $(PY) -m pytest test --junitxml=$(BUILD)/junit/overlay.xml $(PYTEST_ARGS)
 
 # The patched wheel: dist/torch-$(BASE_TORCH)+overlay.<series hash>-<tags>.whl, and a
 # fresh venv holding it (and neither torch_overlay nor the overlay's .pth) to test it in.
@@ -77,7 +87,8 @@ wheel-check: wheel
 # -P keeps the repo root (and so torch_overlay/) off sys.path: the wheel must stand
 # alone. pytest still finds the repo's pyproject.toml from test/.
 test-wheel: wheel-check wheel-venv
-	env -u TORCH_OVERLAY TORCH_OVERLAY_EXPECT=wheel $(WHEEL_PY) -P -m pytest test $(PYTEST_ARGS)
+	mkdir -p $(BUILD)/junit
+	env -u TORCH_OVERLAY TORCH_OVERLAY_EXPECT=wheel $(WHEEL_PY) -P -m pytest test --junitxml=$(abspath $(BUILD))/junit/wheel.xml $(PYTEST_ARGS)
 
 # The upstream export: a `git am` series for pytorch at tag v$(BASE_TORCH).
 EXPORT_DIR := $(BUILD)/upstream-export

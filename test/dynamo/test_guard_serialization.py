@@ -11,6 +11,8 @@ then throw accepted and rejected inputs at both and require equal decisions.
 import collections
 import contextlib
 import dataclasses
+import enum
+import functools
 import inspect
 import math
 import os
@@ -99,6 +101,40 @@ def uses_global_model(x):
 
 def uses_builtins(x, n):
     return x * sum(range(n))
+
+
+SCALE_FN = lambda x: x * 2  # noqa: E731 - a function with no stable name
+
+
+def uses_global_lambda(x):
+    return SCALE_FN(x)
+
+
+Point = collections.namedtuple("Point", ["x", "y"])
+
+
+class Slotted:
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b):
+        self.a = a
+        self.b = b
+
+
+class Color(enum.Enum):
+    RED = 1
+    BLUE = 2
+
+
+def helper(x, k):
+    return x * k
+
+
+PARTIAL = functools.partial(helper, k=5)
+
+
+def uses_global_partial(x):
+    return PARTIAL(x)
 
 
 @dataclasses.dataclass
@@ -911,6 +947,87 @@ class TestGuardSerialization(GuardSerializationTestCase):
             return [line.split("#")[0].rstrip() for line in str(manager).splitlines()]
 
         self.assertEqual(tree(loaded.guard_manager), tree(built.ref.guard_manager))
+
+
+class TestGuardSerializationValues(GuardSerializationTestCase):
+    """Values the guards read that are neither constants nor named objects."""
+
+    def roundtrip_all(self, fn, args):
+        built = build_check_fn_manager(fn, args)
+        return built, load_check_fn_manager(built)
+
+    def test_zero_dim_tensor(self):
+        built, loaded = self.roundtrip_all(lambda x: x * 2, (torch.tensor(1.5),))
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.tensor(2.5)}],
+            rejected=[{"x": torch.empty(0)}, {"x": torch.tensor([1.5])}],
+        )
+
+    def test_function_with_no_stable_name(self):
+        built, loaded = self.roundtrip_all(uses_global_lambda, (torch.ones(2),))
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2)}],
+            rejected=[(patched_global("SCALE_FN", lambda x: x * 3), {"x": torch.ones(2)})],
+        )
+
+    def test_namedtuple(self):
+        built, loaded = self.roundtrip_all(lambda x, p: x * p.x + p.y, (torch.ones(2), Point(2, 3)))
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "p": Point(2, 3)}],
+            rejected=[{"x": torch.ones(2), "p": Point(2, 4)}, {"x": torch.ones(2), "p": (2, 3)}],
+        )
+
+    def test_object_with_slots(self):
+        built, loaded = self.roundtrip_all(lambda x, o: x * o.a, (torch.ones(2), Slotted(2, 3)))
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "o": Slotted(2, 9)}],
+            rejected=[{"x": torch.ones(2), "o": Slotted(3, 3)}],
+        )
+
+    def test_enum_member(self):
+        built, loaded = self.roundtrip_all(
+            lambda x, c: x * (2 if c is Color.RED else 3), (torch.ones(2), Color.RED)
+        )
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "c": Color.RED}],
+            rejected=[{"x": torch.ones(2), "c": Color.BLUE}],
+        )
+
+    def test_partial(self):
+        built, loaded = self.roundtrip_all(uses_global_partial, (torch.ones(2),))
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2)}],
+            rejected=[
+                (patched_global("PARTIAL", functools.partial(helper, k=6)), {"x": torch.ones(2)})
+            ],
+        )
+
+    def test_closure_cells(self):
+        def make(offset):
+            def inner(x):
+                return x + offset
+
+            return inner
+
+        def fn(x, f):
+            return f(x)
+
+        with self.assertRaises(PackageError) as ctx:
+            # the closure's code has no stable name: refused, naming it
+            build_check_fn_manager(fn, (torch.ones(2), make(1)))
+        self.assertIn("L['f'].__code__", str(ctx.exception))
 
 
 class TestGuardsStateFormat(GuardSerializationTestCase):

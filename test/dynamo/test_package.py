@@ -204,6 +204,7 @@ class PackageTestCase(torch._dynamo.test_case.TestCase):
             capture_output=True,
             text=True,
             env=full_env,
+            cwd=self.tmp,  # not the repo: a wheel run must not import torch_overlay
         )
         reports = [l for l in proc.stdout.splitlines() if l.startswith("REPORT")]
         if proc.returncode != 0 or not reports:
@@ -314,6 +315,7 @@ class TestPackage(PackageTestCase):
             capture_output=True,
             text=True,
             env={**os.environ, "TORCH_DYNAMO_PACKAGE_STRICT": "1"},
+            cwd=self.tmp,
         )
         self.assertNotEqual(proc.returncode, 0)
         self.assertIn("PackageError", proc.stderr)

@@ -53,10 +53,12 @@ import collections
 import contextlib
 import dataclasses
 import enum
+import functools
 import importlib
 import io
 import logging
 import pickle
+import re
 import sys
 import types
 from typing import Any, Optional
@@ -134,6 +136,14 @@ IDENTITY_GUARD_TYPES = frozenset(
 # Dynamo installs these globals into the frame's module while compiling; a fresh
 # process does not have them, so a load puts them back.
 _DYNAMO_INSTALLED_GLOBAL_PREFIXES = ("__builtins_dict__", "__import_")
+# ...and install_global_by_id's "<prefix>_<id>_c<compile id>"
+_DYNAMO_GLOBAL_BY_ID = re.compile(r"_\d{6,}_c\d+$")
+
+
+def is_dynamo_installed_global(name: str) -> bool:
+    return name.startswith(_DYNAMO_INSTALLED_GLOBAL_PREFIXES) or bool(
+        _DYNAMO_GLOBAL_BY_ID.search(name)
+    )
 
 # Modules a name may be imported from at load when it is not imported yet. Any
 # other module must already be imported (the code being loaded imports its own).
@@ -189,6 +199,7 @@ class _ObjectStandIn:
 
     cls: _NamedRef
     state: dict
+    slots: Optional[dict] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +220,47 @@ class _TensorStandIn:
     neg: bool
     attrs: dict
     dispatch_keys: tuple
+    # TENSOR_MATCH takes sizes and strides explicitly but the rank from the
+    # tensor: the stand-in has the saved number of dims (and no elements).
+    ndim: int = 1
+
+
+@dataclasses.dataclass
+class _FunctionStandIn:
+    """A function with no stable name, read only as the base of guarded values
+    (its ``__code__``, defaults...): a function object of its own with the saved
+    defaults; identity guards on what it holds are recorded separately."""
+
+    name: str
+    defaults: Optional[tuple]
+    kwdefaults: Optional[dict]
+
+
+@dataclasses.dataclass
+class _TupleSubclassStandIn:
+    """A namedtuple (or other tuple subclass) instance."""
+
+    cls: _NamedRef
+    items: tuple
+
+
+@dataclasses.dataclass
+class _PartialStandIn:
+    func: Any
+    args: tuple
+    keywords: dict
+
+
+@dataclasses.dataclass
+class _BoundMethodStandIn:
+    func: Any
+    owner: Any
+
+
+@dataclasses.dataclass
+class _CellStandIn:
+    contents: Any
+    empty: bool
 
 
 @dataclasses.dataclass
@@ -261,6 +313,10 @@ class _DefaultDictStandIn:
     items: dict
 
 
+def _placeholder_function(*args, **kwargs):
+    """The code of functions that stand in for functions with no stable name."""
+
+
 class UnresolvedName:
     """What a saved name that no longer resolves loads as: it matches no guard."""
 
@@ -305,6 +361,11 @@ def find_stable_name(
         return None
     if obj is builtins.__dict__:
         return _NamedRef("builtins", "__dict__")
+    if isinstance(obj, enum.Enum):
+        owner = find_stable_name(type(obj))
+        if owner is not None:
+            return _NamedRef(owner.module, f"{owner.path}.{obj.name}")
+        return None
     module = getattr(obj, "__module__", None)
     qualname = getattr(obj, "__qualname__", None)
     if isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname:
@@ -339,37 +400,40 @@ def find_stable_name(
 
 def _stable_name_from_source(obj, source, global_module, recorded_values=None):
     """``G['x'].a.b`` resolves by the same path at load, and so does ``<base>.a.b``
-    when the value of ``<base>`` has a stable name (``L['fn'].__code__`` of a
-    module-level function ``fn`` is ``module.fn.__code__``)."""
+    for the innermost ``<base>`` on the chain whose value has a stable name
+    (``L['fn'].__code__`` of a module-level ``fn`` is ``module.fn.__code__``; the
+    ``__torch_function__.__func__.__code__`` of a mode at module scope too)."""
     from torch._dynamo.source import AttrSource, GlobalSource
     from torch._guards import ChainedSource
 
-    attrs = []
+    def resolved(module, path):
+        try:
+            if _resolve_path(sys.modules[module], path) is obj:
+                return _NamedRef(module, path)
+        except Exception:
+            return None
+        return None
+
+    attrs: list[str] = []
     node = source
-    while isinstance(node, ChainedSource):
+    while True:
+        if attrs and recorded_values is not None and node.name() in recorded_values:
+            base_ref = find_stable_name(recorded_values[node.name()])
+            if base_ref is not None:
+                ref = resolved(base_ref.module, ".".join(p for p in [base_ref.path, *attrs] if p))
+                if ref is not None:
+                    return ref
+        if isinstance(node, GlobalSource):
+            if global_module in sys.modules:
+                return resolved(global_module, ".".join([node.global_name, *attrs]))
+            return None
+        if not isinstance(node, ChainedSource):
+            return None
         if isinstance(node, AttrSource):
-            attrs.append(node.member)
+            attrs.insert(0, node.member)
         elif node.name() != node.base.name():
             return None  # not an attribute path (item access, call...)
         node = node.base
-    if not attrs and not isinstance(node, GlobalSource):
-        return None
-    attrs.reverse()
-    if isinstance(node, GlobalSource) and global_module in sys.modules:
-        root_ref = _NamedRef(global_module, node.global_name)
-    elif recorded_values is not None and node.name() in recorded_values:
-        root_ref = find_stable_name(recorded_values[node.name()])
-        if root_ref is None:
-            return None
-    else:
-        return None
-    path = ".".join(p for p in [root_ref.path, *attrs] if p)
-    try:
-        if _resolve_path(sys.modules[root_ref.module], path) is obj:
-            return _NamedRef(root_ref.module, path)
-    except Exception:
-        return None
-    return None
 
 
 # ---------------------------------------------------------------------------
@@ -524,9 +588,38 @@ class _StandInConverter:
             return _RangeIteratorStandIn(rng.start, rng.stop, rng.step, index)
         if isinstance(obj, torch._C.DispatchKeySet):
             return _DispatchKeySetStandIn(_key_set_names(obj))
-        if hasattr(obj, "__dict__") and not isinstance(obj, type):
-            if not guarded:
-                return _Placeholder(type(obj).__qualname__)
+        if not guarded:
+            return _Placeholder(type(obj).__qualname__)
+        ref = find_stable_name(obj) if hasattr(obj, "__qualname__") else None
+        if ref is not None:
+            # e.g. an lru_cache-wrapped module-level function
+            self.memo[key] = ref
+            return ref
+        if isinstance(obj, tuple):
+            cls_ref = find_stable_name(type(obj))
+            if cls_ref is None:
+                return self._unnamed(obj, path, guarded)
+            out_t = _TupleSubclassStandIn(cls_ref, ())
+            self.memo[key] = out_t
+            out_t.items = tuple(self._child(v, f"{path}[{i}]", True) for i, v in enumerate(obj))
+            return out_t
+        if type(obj) is functools.partial:
+            return _PartialStandIn(
+                self.convert(obj.func, f"{path}.func", True),
+                tuple(self._child(a, f"{path}.args", True) for a in obj.args),
+                {k: self._child(v, f"{path}.keywords", True) for k, v in obj.keywords.items()},
+            )
+        if isinstance(obj, types.MethodType):
+            return _BoundMethodStandIn(
+                self.convert(obj.__func__, f"{path}.__func__", True),
+                self.convert(obj.__self__, f"{path}.__self__", True),
+            )
+        if isinstance(obj, types.CellType):
+            try:
+                return _CellStandIn(self._child(obj.cell_contents, f"{path}.cell_contents", True), False)
+            except ValueError:
+                return _CellStandIn(None, True)
+        if (hasattr(obj, "__dict__") or hasattr(type(obj), "__slots__")) and not isinstance(obj, type):
             return self._object(obj, path)
         if guarded:
             raise PackageError(
@@ -540,7 +633,13 @@ class _StandInConverter:
         return entry[2] if entry else None
 
     def _unnamed(self, obj, path, guarded):
-        if isinstance(obj, (types.FunctionType, types.CodeType)) or (
+        if isinstance(obj, types.FunctionType):
+            return _FunctionStandIn(
+                obj.__name__,
+                None if obj.__defaults__ is None else self._child(obj.__defaults__, f"{path}.__defaults__", True),
+                None if obj.__kwdefaults__ is None else self._child(obj.__kwdefaults__, f"{path}.__kwdefaults__", True),
+            )
+        if isinstance(obj, types.CodeType) or (
             # A method bound to an instance (L['x'].dim of a tensor): read as the
             # example value of an attribute accessor (HASATTR), never compared.
             isinstance(obj, types.BuiltinMethodType)
@@ -621,6 +720,7 @@ class _StandInConverter:
                 if k.startswith("_dynamo_")
             },
             dispatch_keys=_dispatch_key_names(t),
+            ndim=t.dim(),
         )
         proxy = _make_tensor(stand_in)
         if _dispatch_key_names(proxy) != stand_in.dispatch_keys:
@@ -651,8 +751,20 @@ class _StandInConverter:
             )
         stand_in = _ObjectStandIn(cls_ref, {})
         self.memo[id(obj)] = stand_in
-        for k, v in vars(obj).items():
+        for k, v in getattr(obj, "__dict__", {}).items():
             stand_in.state[k] = self._child(v, f"{path}.{k}", True)
+        slot_names = [
+            name
+            for klass in type(obj).__mro__
+            for name in (klass.__dict__.get("__slots__", ()) if isinstance(klass.__dict__.get("__slots__", ()), (tuple, list)) else (klass.__dict__["__slots__"],))
+            if name not in ("__dict__", "__weakref__")
+        ]
+        if slot_names:
+            stand_in.slots = {
+                name: self._child(getattr(obj, name), f"{path}.{name}", True)
+                for name in slot_names
+                if hasattr(obj, name)
+            }
         return stand_in
 
 
@@ -668,7 +780,8 @@ def _dispatch_key_names(t: torch.Tensor) -> tuple:
 
 def _make_tensor(s: _TensorStandIn) -> torch.Tensor:
     dtype = getattr(torch, s.dtype)
-    t = torch.empty(0, dtype=dtype, device=s.device)
+    # 0-d has one element; any other rank gets zero-sized dims: no storage.
+    t = torch.empty((0,) * s.ndim, dtype=dtype, device=s.device)
     if s.conj:
         t = torch._C._conj(t) if hasattr(torch._C, "_conj") else t.conj()
     if s.neg:
@@ -873,8 +986,7 @@ def build_guards_state(
     installed = {
         k: v
         for k, v in global_scope.items()
-        if isinstance(k, str) and k.startswith(_DYNAMO_INSTALLED_GLOBAL_PREFIXES)
-        and isinstance(v, _NamedRef)
+        if isinstance(k, str) and is_dynamo_installed_global(k) and isinstance(v, _NamedRef)
     }
     guard_sources = {g.originating_source for g in guards}
     sizes_strides = {
@@ -1098,8 +1210,33 @@ class _Hydrator:
             except TypeError:
                 return UnresolvedName(obj.cls.module, obj.cls.path)
             self.memo[key] = inst
-            inst.__dict__.update({k: self(v) for k, v in obj.state.items()})
+            if obj.state:
+                inst.__dict__.update({k: self(v) for k, v in obj.state.items()})
+            for name, value in (obj.slots or {}).items():
+                object.__setattr__(inst, name, self(value))
             return inst
+        if isinstance(obj, _FunctionStandIn):
+            fn = types.FunctionType(_placeholder_function.__code__, {}, obj.name)
+            fn.__defaults__ = self(obj.defaults)
+            fn.__kwdefaults__ = self(obj.kwdefaults)
+            return fn
+        if isinstance(obj, _TupleSubclassStandIn):
+            cls = resolve_name(obj.cls)
+            if not (isinstance(cls, type) and issubclass(cls, tuple)):
+                return UnresolvedName(obj.cls.module, obj.cls.path)
+            return tuple.__new__(cls, tuple(self(v) for v in obj.items))
+        if isinstance(obj, _PartialStandIn):
+            func = self(obj.func)
+            if not callable(func):
+                return UnresolvedName("functools", "partial")
+            return functools.partial(func, *(self(a) for a in obj.args), **{k: self(v) for k, v in obj.keywords.items()})
+        if isinstance(obj, _BoundMethodStandIn):
+            func = self(obj.func)
+            if not callable(func):
+                return UnresolvedName("types", "MethodType")
+            return types.MethodType(func, self(obj.owner))
+        if isinstance(obj, _CellStandIn):
+            return types.CellType() if obj.empty else types.CellType(self(obj.contents))
         if isinstance(obj, _FrozenObjectStandIn):
             cls = resolve_name(_NamedRef(*obj.cls))
             if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):

@@ -92,14 +92,17 @@ def _sha256(data: bytes) -> str:
 
 
 def overlay_series_hash() -> str:
-    """The patch series this torch carries (overlay or patched wheel)."""
+    """The patch series this torch carries: the patched wheel's version stamp, or
+    the overlay's series hash."""
+    version = str(torch.__version__)
+    if "+overlay." in version:
+        return version.split("+overlay.", 1)[1][:12]
     try:
         from torch_overlay._overlay.series import series_hash
 
         return series_hash()[:12]
     except ImportError:
-        version = str(torch.__version__)
-        return version.split("+overlay.", 1)[1][:12] if "+overlay." in version else "none"
+        return "none"
 
 
 def _environment() -> dict:
@@ -628,11 +631,16 @@ class CompilePackage:
         self._exclude(code, str(error))
 
     def _classify_globals(self, out_code, f_globals) -> dict:
-        from torch._dynamo.guard_serialization import find_stable_name
+        from torch._dynamo.guard_serialization import (
+            find_stable_name,
+            is_dynamo_installed_global,
+        )
 
         refs = {}
         for name in sorted(_all_names(out_code)):
-            if not name.startswith("__") or name not in f_globals:
+            if name not in f_globals or not (
+                name.startswith("__") or is_dynamo_installed_global(name)
+            ):
                 continue
             value = f_globals[name]
             if name.startswith("__compiled_fn"):

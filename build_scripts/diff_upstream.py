@@ -1,0 +1,1173 @@
+"""Behaviour diff: the test suite and the guard probe set across torch environments.
+
+Runs the suite under ``test/`` (pytest, one ``--junitxml`` per environment, so that
+outcomes are read from a machine format, never from console text) in up to four
+environments:
+
+=============  ============================  ==========================================
+label          python                        how
+=============  ============================  ==========================================
+stock-2.7.1    ``.venv``                     ``TORCH_OVERLAY`` unset: the base release
+overlay        ``.venv``                     ``TORCH_OVERLAY=1``: the import-time overlay
+wheel          ``build/wheel-venv``          the patched wheel, nothing of torch_overlay
+upstream-2.13  ``.venv-upstream``            torch 2.13.0, which has the features
+=============  ============================  ==========================================
+
+and, in every environment that can serialize guards, the guard probe set
+(``guard_probe_runner.py`` over ``guard_probes.py``). It writes
+``<out>/report.md`` and ``<out>/report.json``: a test x environment table, the
+tests whose outcome differs with the first line of each failure, and the probe
+comparison: overlay against the patched wheel (must be identical), overlay
+against upstream (every difference marked intended, with the reason recorded in
+``guard_probe_expected_differences.json``, or UNEXPECTED), and, per
+environment, every input where a loaded guard manager decides differently from
+the reference one it was saved from, which is a bug.
+
+``--require-agreement overlay,wheel`` (what CI runs, ``make diff-overlay-wheel``)
+exits 1 when the two environments disagree on any test or probe decision.
+An environment whose python is missing is reported as absent; it fails the run
+only when ``--require-agreement`` names it. Environments run ``--jobs`` at a time
+(separate processes); ``--reuse`` rebuilds the report from the results already
+in ``--out`` (after editing the expected differences, say) without running.
+
+# NOTE: [What counts as a disagreement]
+# Outcomes differ when the two environments report different outcomes for a
+# test. A test that passes in one environment and is skipped in the other is
+# listed but is not a disagreement: tests of the overlay machinery skip where
+# there is no overlay by design. Every other difference (pass/fail, skip/fail,
+# fail/error, present/absent when one side fails) is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any, Optional
+
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = REPO_ROOT / "build" / "diff-upstream"
+EXPECTED_DIFFERENCES = HERE / "guard_probe_expected_differences.json"
+PROBE_RUNNER = HERE / "guard_probe_runner.py"
+
+OUTCOMES = ("pass", "fail", "error", "skip")
+ABSENT = "—"
+# Environments are scheduled in this order (--jobs at a time): the long suites first.
+SLOWEST_FIRST = ("overlay", "wheel", "upstream-2.13", "stock-2.7.1")
+_PRINT_LOCK = threading.Lock()
+
+
+def say(text: str) -> None:
+    with _PRINT_LOCK:
+        print(text, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    label: str
+    python: Path
+    # Environment variables set (value) or removed (None) for this environment.
+    env: dict
+    # What it is, for the report.
+    description: str
+    # Whether the guard probe set runs there (it needs guard serialization).
+    probes: bool
+
+
+def default_environments() -> list[Environment]:
+    overlay_off = {"TORCH_OVERLAY": None, "TORCH_OVERLAY_EXPECT": None}
+    return [
+        Environment(
+            "stock-2.7.1",
+            REPO_ROOT / ".venv" / "bin" / "python",
+            overlay_off,
+            "torch 2.7.1 as released (.venv, TORCH_OVERLAY unset)",
+            probes=False,
+        ),
+        Environment(
+            "overlay",
+            REPO_ROOT / ".venv" / "bin" / "python",
+            {"TORCH_OVERLAY": "1", "TORCH_OVERLAY_EXPECT": "overlay"},
+            "torch 2.7.1 + torch_overlay (.venv, TORCH_OVERLAY=1)",
+            probes=True,
+        ),
+        Environment(
+            "wheel",
+            REPO_ROOT / "build" / "wheel-venv" / "bin" / "python",
+            {"TORCH_OVERLAY": None, "TORCH_OVERLAY_EXPECT": "wheel"},
+            "the patched torch wheel (build/wheel-venv)",
+            probes=True,
+        ),
+        Environment(
+            "upstream-2.13",
+            REPO_ROOT / ".venv-upstream" / "bin" / "python",
+            overlay_off,
+            "upstream torch 2.13.0 CPU (.venv-upstream)",
+            probes=True,
+        ),
+    ]
+
+
+def process_env(environment: Environment) -> dict:
+    env = dict(os.environ)
+    for key, value in environment.env.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    # A stale cache of pytest or Python bytecode must not decide anything.
+    env.pop("PYTEST_ADDOPTS", None)
+    return env
+
+
+def first_line(text: Optional[str]) -> str:
+    for line in (text or "").splitlines():
+        if line.strip():
+            return line.strip()[:240]
+    return ""
+
+
+# ---------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------
+
+
+def describe_environment(environment: Environment) -> dict:
+    """Which torch the environment really imports (or why it cannot run)."""
+    if not environment.python.exists():
+        return {"status": "absent", "detail": f"{environment.python} does not exist"}
+    script = (
+        "import json, sys, torch, torch._dynamo.guards as g\n"
+        "info = {'torch': str(torch.__version__), 'python': sys.version.split()[0],"
+        " 'guards_loader': type(getattr(g, '__loader__', None)).__name__}\n"
+        "try:\n"
+        "    from torch_overlay._overlay import series\n"
+        "    info['series_hash'] = series.series_hash()[:12]\n"
+        "except Exception:\n"
+        "    pass\n"
+        "print(json.dumps(info))\n"
+    )
+    proc = subprocess.run(
+        [str(environment.python), "-P", "-c", script],
+        capture_output=True,
+        text=True,
+        env=process_env(environment),
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
+    if proc.returncode != 0:
+        return {"status": "broken", "detail": last_line(proc.stderr)}
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    info["status"] = "ok"
+    return info
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1].strip()[:300] if lines else ""
+
+
+def run_pytest(environment: Environment, out_dir: Path, timeout: int, pytest_args) -> dict:
+    junit = out_dir / "junit" / f"{environment.label}.xml"
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    junit.unlink(missing_ok=True)
+    cmd = [
+        str(environment.python),
+        "-P",
+        "-m",
+        "pytest",
+        "test",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        f"--junitxml={junit}",
+        *pytest_args,
+    ]
+    log.info("%s: %s", environment.label, " ".join(cmd))
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            env=process_env(environment),
+            cwd=REPO_ROOT,
+            timeout=timeout,
+        )
+        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as e:
+        returncode = None
+        stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        stderr = f"timed out after {timeout} s"
+    seconds = round(time.perf_counter() - started, 1)
+    (out_dir / "logs").mkdir(exist_ok=True)
+    (out_dir / "logs" / f"pytest-{environment.label}.log").write_text(
+        f"$ {' '.join(cmd)}\n{stdout}\n--- stderr ---\n{stderr}"
+    )
+    result: dict[str, Any] = {"returncode": returncode, "seconds": seconds}
+    if returncode is None:
+        result["status"] = "timeout"
+        result["detail"] = stderr
+        return result
+    if not junit.exists():
+        result["status"] = "did not run"
+        result["detail"] = last_line(stderr) or last_line(stdout)
+        return result
+    result["status"] = "ran"
+    result["summary"] = last_line(stdout)
+    junit.with_suffix(".run.json").write_text(json.dumps(result))
+    result["tests"] = parse_junit(junit)
+    return result
+
+
+def reuse_pytest(environment: Environment, out_dir: Path) -> dict:
+    """The results of an earlier run in ``out_dir`` (``--reuse``)."""
+    junit = out_dir / "junit" / f"{environment.label}.xml"
+    meta = junit.with_suffix(".run.json")
+    if not junit.exists() or not meta.exists():
+        return {"status": "did not run", "detail": f"--reuse: no earlier run in {junit.parent}", "seconds": 0}
+    result = json.loads(meta.read_text())
+    result["tests"] = parse_junit(junit)
+    return result
+
+
+def reuse_probes(environment: Environment, out_dir: Path) -> dict:
+    result_file = out_dir / "probes" / environment.label / "probes.json"
+    if not result_file.exists():
+        return {"status": "failed", "detail": f"--reuse: no {result_file}"}
+    result = json.loads(result_file.read_text())
+    result["status"] = "ran"
+    return result
+
+
+_SEVERITY = {"pass": 0, "skip": 1, "error": 2, "fail": 3}
+
+
+def child_text(case) -> str:
+    for child in case:
+        if child.tag in ("failure", "error") and child.text:
+            return child.text
+    return ""
+
+
+def failure_line(message: Optional[str], text: str) -> str:
+    """The first line of a failure; for pytest's bare "collection failure", the
+    exception line of the collection traceback instead."""
+    line = first_line(message)
+    if line in ("collection failure", "") and text:
+        exception_lines = [
+            ln[1:].strip() for ln in text.splitlines() if ln.startswith("E ") and ln[1:].strip()
+        ]
+        if exception_lines:
+            return ("collection: " if line else "") + exception_lines[-1][:240]
+    return line
+
+
+def parse_junit(path: Path) -> dict[str, dict]:
+    """test id -> {"outcome", "message"}; a test reported twice (a failing call and
+    an erroring teardown) keeps its most severe outcome."""
+    tests: dict[str, dict] = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        classname = case.get("classname", "")
+        name = case.get("name", "")
+        test_id = f"{classname}::{name}" if classname else f"{name} [collection]"
+        outcome, message = "pass", ""
+        for child in case:
+            if child.tag == "failure":
+                outcome, message = "fail", child.get("message") or child.text
+            elif child.tag == "error":
+                outcome, message = "error", child.get("message") or child.text
+            elif child.tag == "skipped":
+                outcome, message = "skip", child.get("message") or child.text
+            else:
+                continue
+            break
+        entry = {"outcome": outcome, "message": failure_line(message, child_text(case))}
+        previous = tests.get(test_id)
+        if previous is None or _SEVERITY[outcome] > _SEVERITY[previous["outcome"]]:
+            tests[test_id] = entry
+    return tests
+
+
+def run_probes(environment: Environment, out_dir: Path, timeout: int) -> dict:
+    probe_dir = out_dir / "probes" / environment.label
+    if probe_dir.exists():
+        shutil.rmtree(probe_dir)
+    cmd = [
+        str(environment.python),
+        "-P",
+        str(PROBE_RUNNER),
+        "--out",
+        str(probe_dir),
+        "--label",
+        environment.label,
+    ]
+    log.info("%s: %s", environment.label, " ".join(cmd))
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            env=process_env(environment),
+            cwd=REPO_ROOT,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "detail": f"timed out after {timeout} s"}
+    (out_dir / "logs").mkdir(exist_ok=True)
+    (out_dir / "logs" / f"probes-{environment.label}.log").write_text(
+        f"$ {' '.join(cmd)}\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+    )
+    result_file = probe_dir / "probes.json"
+    if proc.returncode != 0 or not result_file.exists():
+        return {"status": "failed", "detail": last_line(proc.stderr)}
+    result = json.loads(result_file.read_text())
+    result["status"] = "ran"
+    result["wall_seconds"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Comparing tests
+# ---------------------------------------------------------------------------
+
+
+def outcome_of(runs: dict, label: str, test_id: str) -> str:
+    run = runs.get(label) or {}
+    test = (run.get("tests") or {}).get(test_id)
+    return test["outcome"] if test else ABSENT
+
+
+def message_of(runs: dict, label: str, test_id: str) -> str:
+    run = runs.get(label) or {}
+    test = (run.get("tests") or {}).get(test_id)
+    return test["message"] if test else ""
+
+
+def disagree(a: str, b: str) -> bool:
+    """See NOTE: [What counts as a disagreement]."""
+    if a == b:
+        return False
+    return {a, b} not in ({"pass", "skip"}, {"pass", ABSENT}, {"skip", ABSENT})
+
+
+def expand_collection_errors(runs: dict) -> None:
+    """A module that failed to collect in one environment: its tests (known from the
+    other environments) are errors there, with the collection error's message."""
+    every_id = {t for run in runs.values() for t in (run.get("tests") or {})}
+    for run in runs.values():
+        tests = run.get("tests")
+        if not tests:
+            continue
+        for test_id in [t for t in tests if t.endswith(" [collection]")]:
+            module = test_id[: -len(" [collection]")]
+            members = [t for t in every_id if t.startswith(module + ".") and t not in tests]
+            for member in members:
+                tests[member] = dict(tests[test_id])
+            if members:
+                del tests[test_id]
+
+
+def compare_tests(runs: dict, labels: list[str]) -> dict:
+    ran = [label for label in labels if (runs.get(label) or {}).get("status") == "ran"]
+    all_ids = sorted({t for label in ran for t in runs[label]["tests"]})
+    differing = []
+    for test_id in all_ids:
+        outcomes = {label: outcome_of(runs, label, test_id) for label in ran}
+        if len(set(outcomes.values())) > 1:
+            differing.append(
+                {
+                    "test": test_id,
+                    "outcomes": outcomes,
+                    "messages": {
+                        label: message_of(runs, label, test_id)
+                        for label in ran
+                        if outcomes[label] in ("fail", "error")
+                    },
+                }
+            )
+    return {"environments": ran, "tests": all_ids, "differing": differing}
+
+
+def test_disagreements(runs: dict, a: str, b: str) -> list[dict]:
+    ids = sorted(set((runs[a].get("tests") or {})) | set((runs[b].get("tests") or {})))
+    out = []
+    for test_id in ids:
+        oa, ob = outcome_of(runs, a, test_id), outcome_of(runs, b, test_id)
+        if disagree(oa, ob):
+            out.append(
+                {
+                    "test": test_id,
+                    a: oa,
+                    b: ob,
+                    "messages": {
+                        label: message_of(runs, label, test_id)
+                        for label in (a, b)
+                        if outcome_of(runs, label, test_id) in ("fail", "error")
+                    },
+                }
+            )
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Comparing probes
+# ---------------------------------------------------------------------------
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+|\b\d{9,}\b")
+
+
+def normalize(value: Any) -> Any:
+    """Process-specific numbers (addresses, ids) out of messages."""
+    if isinstance(value, str):
+        return _ADDRESS.sub("<addr>", value)
+    return value
+
+
+def loaded_columns(row: dict) -> list[str]:
+    return [k for k in row if k.startswith(("loaded_", "fresh_"))]
+
+
+def final_decision(row: dict) -> Any:
+    """The decision of the guards as a real load makes them: in a fresh process."""
+    for column in ("fresh_pickle", "loaded_pickle"):
+        if column in row:
+            return row[column]
+    return None
+
+
+_SELF_REPORTED_BUG = "this is a bug in guard serialization"
+
+
+def self_consistency(label: str, probes: dict) -> list[dict]:
+    """Every place where a version's loaded guards decide unlike its reference ones."""
+    bugs = []
+    if probes.get("fresh_process_error"):
+        bugs.append(
+            {
+                "environment": label,
+                "case": "(fresh process)",
+                "kind": "fresh-process load failed",
+                "detail": probes["fresh_process_error"],
+            }
+        )
+    for case_id, case in probes.get("cases", {}).items():
+        refusal = (case.get("refusal") or {}).get("message", "")
+        if case["status"] == "refused" and _SELF_REPORTED_BUG in refusal:
+            bugs.append(
+                {
+                    "environment": label,
+                    "case": case_id,
+                    "kind": "save-time self-check failed (loaded guards reject the example)",
+                    "detail": refusal,
+                }
+            )
+        if case["status"] == "reference_error":
+            bugs.append(
+                {
+                    "environment": label,
+                    "case": case_id,
+                    "kind": "reference guards could not be built",
+                    "detail": case["error"]["message"],
+                }
+            )
+        for where in ("load_errors", "fresh_load_errors"):
+            for loader, error in (case.get(where) or {}).items():
+                bugs.append(
+                    {
+                        "environment": label,
+                        "case": case_id,
+                        "kind": f"{'fresh-process ' if where.startswith('fresh') else ''}"
+                        f"load ({loader}) raised",
+                        "detail": f"{error['type']}: {error['message']}",
+                    }
+                )
+        for row in case.get("inputs", []):
+            wrong = {c: row[c] for c in loaded_columns(row) if row[c] != row["reference"]}
+            if wrong:
+                why = row.get("why") or {}
+                bugs.append(
+                    {
+                        "environment": label,
+                        "case": case_id,
+                        "kind": "loaded decision differs from reference",
+                        "input": row["label"],
+                        "reference": row["reference"],
+                        "loaded": wrong,
+                        "why": {c: why[c] for c in (*wrong, "reference") if c in why},
+                    }
+                )
+    return bugs
+
+
+def load_expected_differences(path: Path) -> dict[str, str]:
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def intended_reason(expected: dict[str, str], case_id: str) -> Optional[str]:
+    probe = case_id.split("@", 1)[0]
+    return expected.get(case_id) or expected.get(probe)
+
+
+def compare_probe_versions(ours: dict, theirs: dict, expected: dict[str, str]) -> list[dict]:
+    """Overlay (``ours``) against upstream (``theirs``): every differing case, input
+    by input, marked intended (with the recorded reason) or UNEXPECTED."""
+    out = []
+    ours_cases, theirs_cases = ours.get("cases", {}), theirs.get("cases", {})
+    for case_id in sorted(set(ours_cases) | set(theirs_cases), key=case_sort_key(ours_cases, theirs_cases)):
+        a, b = ours_cases.get(case_id), theirs_cases.get(case_id)
+        if a is None or b is None:
+            continue
+        diff: dict[str, Any] = {
+            "case": case_id,
+            "probe": a["probe"],
+            "mode": a["mode"],
+            "ours_status": a["status"],
+            "theirs_status": b["status"],
+        }
+        if a["status"] != b["status"]:
+            diff["kind"] = "status"
+            diff["ours_refusal"] = a.get("refusal") or a.get("error")
+            diff["theirs_refusal"] = b.get("refusal") or b.get("error")
+        elif a["status"] == "ok":
+            inputs = []
+            for ra, rb in zip(a.get("inputs", []), b.get("inputs", [])):
+                la, lb = final_decision(ra), final_decision(rb)
+                if la != lb:
+                    inputs.append(
+                        {
+                            "input": ra["label"],
+                            "ours_reference": ra["reference"],
+                            "ours_loaded": la,
+                            "theirs_reference": rb["reference"],
+                            "theirs_loaded": lb,
+                            "references_differ": ra["reference"] != rb["reference"],
+                            "ours_why": first_why(ra),
+                            "theirs_why": first_why(rb),
+                        }
+                    )
+            if not inputs:
+                continue
+            diff["kind"] = "decision"
+            diff["inputs"] = inputs
+        else:
+            continue
+        diff["ours_self_mismatch"] = case_has_mismatch(a)
+        diff["theirs_self_mismatch"] = case_has_mismatch(b)
+        reason = intended_reason(expected, case_id)
+        diff["intended"] = reason is not None
+        diff["reason"] = reason
+        out.append(diff)
+    return out
+
+
+def case_has_mismatch(case: dict) -> bool:
+    """Whether the case's loaded guards ever decide unlike its reference ones."""
+    if case.get("load_errors") or case.get("fresh_load_errors"):
+        return True
+    return any(
+        row[c] != row["reference"] for row in case.get("inputs", []) for c in loaded_columns(row)
+    )
+
+
+def case_sort_key(*case_maps):
+    order: dict[str, int] = {}
+    for cases in case_maps:
+        for case_id in cases:
+            order.setdefault(case_id, len(order))
+    return lambda case_id: order[case_id]
+
+
+def first_why(row: dict) -> str:
+    why = row.get("why") or {}
+    for column in ("fresh_pickle", "loaded_pickle", "reference"):
+        if column in why:
+            return why[column]
+    return ""
+
+
+def compare_probe_builds(a_label: str, a: dict, b_label: str, b: dict) -> list[dict]:
+    """Two builds of the same patches (overlay, wheel): everything must match."""
+    out = []
+    a_cases, b_cases = a.get("cases", {}), b.get("cases", {})
+    for case_id in sorted(set(a_cases) | set(b_cases), key=case_sort_key(a_cases, b_cases)):
+        ca, cb = a_cases.get(case_id), b_cases.get(case_id)
+        if ca is None or cb is None:
+            out.append({"case": case_id, "what": "missing", a_label: ca is not None, b_label: cb is not None})
+            continue
+        if ca.get("status") != cb.get("status"):
+            out.append(
+                {
+                    "case": case_id,
+                    "what": "status",
+                    a_label: status_text(ca),
+                    b_label: status_text(cb),
+                }
+            )
+            continue
+        for field in ("guard_types", "derived_guard_types"):
+            if ca.get(field) != cb.get(field):
+                out.append({"case": case_id, "what": field, a_label: ca.get(field), b_label: cb.get(field)})
+        if normalize(status_text(ca)) != normalize(status_text(cb)):
+            out.append({"case": case_id, "what": "refusal", a_label: status_text(ca), b_label: status_text(cb)})
+        for ra, rb in zip(ca.get("inputs", []), cb.get("inputs", [])):
+            for column in sorted(set(ra) | set(rb)):
+                if column in ("label", "why", "context"):
+                    continue
+                if normalize(ra.get(column)) != normalize(rb.get(column)):
+                    out.append(
+                        {
+                            "case": case_id,
+                            "what": f"decision {column}",
+                            "input": ra["label"],
+                            a_label: ra.get(column),
+                            b_label: rb.get(column),
+                        }
+                    )
+    return out
+
+
+def status_text(case: dict) -> str:
+    detail = case.get("refusal") or case.get("error") or {}
+    message = detail.get("message")
+    return f"{case.get('status')}: {message}" if message else str(case.get("status"))
+
+
+def guard_type_coverage(probe_runs: dict) -> dict[str, dict[str, list[str]]]:
+    """guard type -> environment -> probes whose guards contain it (mode "all")."""
+    coverage: dict[str, dict[str, list[str]]] = {}
+    for label, probes in probe_runs.items():
+        for case in probes.get("cases", {}).values():
+            if case["mode"] != "all":
+                continue
+            for guard_type in set(case.get("guard_types", [])) | set(case.get("derived_guard_types", [])):
+                coverage.setdefault(guard_type, {}).setdefault(label, []).append(case["probe"])
+    return dict(sorted(coverage.items()))
+
+
+def weak_probes(probes: dict) -> list[str]:
+    """Cases whose battery does not separate: the reference accepts all or rejects all."""
+    out = []
+    for case_id, case in probes.get("cases", {}).items():
+        decisions = {row["reference"] for row in case.get("inputs", [])}
+        if case.get("inputs") and len(decisions) < 2:
+            out.append(f"{case_id} (reference always {decisions.pop()})")
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------
+
+
+def md(value: Any) -> str:
+    text = "" if value is None else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def fmt_decision(value: Any) -> str:
+    if value is True:
+        return "accept"
+    if value is False:
+        return "reject"
+    if value is None:
+        return ABSENT
+    return str(value)
+
+
+def git_state() -> dict:
+    def git(*args):
+        proc = subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO_ROOT)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    tracked = [
+        REPO_ROOT / "torch_overlay" / "_dynamo" / "guard_serialization.py",
+        *sorted((REPO_ROOT / "patches").rglob("*.patch")),
+    ]
+    return {
+        "head": git("rev-parse", "HEAD"),
+        "dirty_files": len([line for line in git("status", "--porcelain").splitlines() if line]),
+        "sha256": {
+            str(p.relative_to(REPO_ROOT)): hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+            for p in tracked
+            if p.exists()
+        },
+    }
+
+
+def build_report(args, environments, infos, test_runs, probe_runs, started) -> dict:
+    labels = [e.label for e in environments]
+    expected = load_expected_differences(args.expected)
+    report: dict[str, Any] = {
+        "generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "seconds": None,
+        "git": git_state(),
+        "environments": {
+            e.label: {
+                "description": e.description,
+                "python": str(e.python.relative_to(REPO_ROOT)) if e.python.is_relative_to(REPO_ROOT) else str(e.python),
+                **infos[e.label],
+                "pytest": {k: v for k, v in (test_runs.get(e.label) or {}).items() if k != "tests"},
+                "probes": {
+                    k: v
+                    for k, v in (probe_runs.get(e.label) or {}).items()
+                    if k in ("status", "detail", "seconds", "wall_seconds", "fresh_process_error")
+                },
+            }
+            for e in environments
+        },
+    }
+    expand_collection_errors(test_runs)
+    report["tests"] = {label: (test_runs.get(label) or {}).get("tests", {}) for label in labels}
+    report["test_comparison"] = compare_tests(test_runs, labels)
+    report["notes"] = environment_notes(infos)
+
+    ran_probes = {label: p for label, p in probe_runs.items() if p.get("status") == "ran"}
+    report["probe_bugs"] = [bug for label, p in ran_probes.items() for bug in self_consistency(label, p)]
+    ours = "overlay" if "overlay" in ran_probes else ("wheel" if "wheel" in ran_probes else None)
+    if ours and "upstream-2.13" in ran_probes:
+        report["probe_vs_upstream"] = {
+            "ours": ours,
+            "differences": compare_probe_versions(ran_probes[ours], ran_probes["upstream-2.13"], expected),
+        }
+        used = {d["case"] for d in report["probe_vs_upstream"]["differences"] if d["intended"]}
+        report["unused_expected_differences"] = sorted(
+            key
+            for key in expected
+            if not any(c == key or c.split("@", 1)[0] == key for c in used)
+        )
+    report["probe_statuses"] = {
+        case_id: {label: p["cases"].get(case_id, {}).get("status", ABSENT) for label, p in ran_probes.items()}
+        for case_id in ordered_case_ids(ran_probes)
+    }
+    report["probe_cases"] = {label: p.get("cases", {}) for label, p in ran_probes.items()}
+    report["guard_type_coverage"] = guard_type_coverage(ran_probes)
+    report["weak_probes"] = {label: weak_probes(p) for label, p in ran_probes.items()}
+
+    agreement = []
+    pairs = [(pair, True) for pair in args.require_agreement]
+    if ("overlay", "wheel") not in args.require_agreement and all(
+        (test_runs.get(x) or {}).get("status") == "ran" or x in ran_probes
+        for x in ("overlay", "wheel")
+    ):
+        pairs.append((("overlay", "wheel"), False))
+    for (a, b), required in pairs:
+        entry: dict[str, Any] = {"pair": [a, b], "required": required}
+        missing = [x for x in (a, b) if (test_runs.get(x) or {}).get("status") != "ran"]
+        if missing:
+            entry["error"] = f"did not run the suite: {', '.join(missing)}"
+        else:
+            entry["tests"] = test_disagreements(test_runs, a, b)
+        if a in ran_probes and b in ran_probes:
+            entry["probes"] = compare_probe_builds(a, ran_probes[a], b, ran_probes[b])
+        elif args.probes and (required or any(x in ran_probes for x in (a, b))):
+            missing_p = [x for x in (a, b) if x not in ran_probes]
+            entry.setdefault("error", "")
+            entry["error"] += f" probes did not run: {', '.join(missing_p)}"
+        entry["agree"] = not entry.get("error") and not entry.get("tests") and not entry.get("probes")
+        agreement.append(entry)
+    report["agreement"] = agreement
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    return report
+
+
+def environment_notes(infos: dict) -> list[str]:
+    notes = []
+    wheel, overlay = infos.get("wheel") or {}, infos.get("overlay") or {}
+    if wheel.get("status") == "absent":
+        notes.append(
+            "The patched wheel venv does not exist (`make wheel-venv` builds it): the "
+            "wheel column is missing."
+        )
+    if wheel.get("status") == "ok" and overlay.get("series_hash"):
+        built_from = wheel["torch"].partition("+overlay.")[2]
+        if built_from != overlay["series_hash"]:
+            notes.append(
+                f"The patched wheel is STALE: built from series {built_from or '?'}, the "
+                f"sources are at series {overlay['series_hash']} (`make wheel-venv` "
+                "rebuilds it); overlay-vs-wheel differences may come from that alone."
+            )
+    return notes
+
+
+def ordered_case_ids(probe_runs: dict) -> list[str]:
+    order: dict[str, None] = {}
+    for probes in probe_runs.values():
+        for case_id in probes.get("cases", {}):
+            order.setdefault(case_id, None)
+    return list(order)
+
+
+def render_markdown(report: dict) -> str:
+    lines: list[str] = []
+    add = lines.append
+    envs = report["environments"]
+    labels = list(envs)
+    add("# Behaviour diff: stock 2.7.1, overlay, patched wheel, upstream 2.13")
+    add("")
+    git = report["git"]
+    add(
+        f"Generated {report['generated']} in {report['seconds']} s at `{git['head'][:12]}`"
+        f"{' (+%d uncommitted files)' % git['dirty_files'] if git['dirty_files'] else ''}."
+    )
+    add("")
+    add("| environment | torch | what | pytest | probes |")
+    add("|---|---|---|---|---|")
+    for label, e in envs.items():
+        pytest_info = e.get("pytest") or {}
+        if e["status"] != "ok":
+            torch_text = f"**{e['status']}**: {md(e.get('detail'))}"
+        else:
+            torch_text = f"{e['torch']} ({e.get('guards_loader')})"
+        pytest_text = pytest_info.get("summary") or pytest_info.get("status", "not run")
+        if pytest_info.get("detail"):
+            pytest_text += f": {pytest_info['detail']}"
+        if pytest_info.get("seconds") is not None:
+            pytest_text += f" [{pytest_info['seconds']} s]"
+        probes = e.get("probes") or {}
+        probe_text = probes.get("status", "not run")
+        if probes.get("detail"):
+            probe_text += f": {probes['detail']}"
+        if probes.get("wall_seconds"):
+            probe_text += f" [{probes['wall_seconds']} s]"
+        add(f"| {label} | {md(torch_text)} | {md(e['description'])} | {md(pytest_text)} | {md(probe_text)} |")
+    add("")
+
+    add("## Summary")
+    add("")
+    for note in report.get("notes", []):
+        add(f"- **Note**: {note}")
+    for entry in report["agreement"]:
+        a, b = entry["pair"]
+        if entry["agree"]:
+            add(f"- **{a} vs {b}: agree** on every test and every probe decision.")
+        else:
+            parts = []
+            if entry.get("error"):
+                parts.append(entry["error"].strip())
+            if entry.get("tests"):
+                parts.append(f"{len(entry['tests'])} tests disagree")
+            if entry.get("probes"):
+                parts.append(f"{len(entry['probes'])} probe results disagree")
+            gate = "" if entry["required"] else " (informational here; `make diff-overlay-wheel` gates on it)"
+            add(f"- **{a} vs {b}: DISAGREE**{gate}: {'; '.join(parts)}.")
+    bugs = report.get("probe_bugs", [])
+    add(
+        f"- Loaded-vs-reference guard mismatches (bugs): **{len(bugs)}**"
+        + (f" ({', '.join(sorted({b['environment'] for b in bugs}))})" if bugs else "")
+        + "."
+    )
+    vs = report.get("probe_vs_upstream")
+    if vs:
+        unexpected = [d for d in vs["differences"] if not d["intended"]]
+        add(
+            f"- {vs['ours']} vs upstream-2.13 probe differences: {len(vs['differences'])}, "
+            f"of which **{len(unexpected)} UNEXPECTED**."
+        )
+    comparison = report["test_comparison"]
+    add(
+        f"- Tests: {len(comparison['tests'])} across {', '.join(comparison['environments']) or 'no environment'}; "
+        f"{len(comparison['differing'])} differ in outcome between environments."
+    )
+    add("")
+
+    if bugs:
+        add("## BUGS: loaded guards decide unlike the reference guards they were saved from")
+        add("")
+        add("| environment | case | kind | input | reference | loaded | detail |")
+        add("|---|---|---|---|---|---|---|")
+        for bug in bugs:
+            why = bug.get("why") or {}
+            detail = bug.get("detail") or "; ".join(f"{k}: {v}" for k, v in why.items())
+            add(
+                f"| {bug['environment']} | `{bug['case']}` | {md(bug['kind'])} | {md(bug.get('input', ''))} "
+                f"| {fmt_decision(bug.get('reference')) if 'reference' in bug else ''} "
+                f"| {md(', '.join(f'{c}: {fmt_decision(v)}' for c, v in bug['loaded'].items())) if 'loaded' in bug else ''} "
+                f"| {md(detail)} |"
+            )
+        add("")
+
+    for entry in report["agreement"]:
+        if entry["agree"]:
+            continue
+        a, b = entry["pair"]
+        add(f"## {a} vs {b}: disagreements")
+        add("")
+        for t in entry.get("tests", []):
+            msgs = "; ".join(f"{k}: {v}" for k, v in t["messages"].items())
+            add(f"- test `{t['test']}`: {a} {t[a]}, {b} {t[b]}" + (f" — {md(msgs)}" if msgs else ""))
+        for p in entry.get("probes", []):
+            where = f" input {p['input']!r}" if "input" in p else ""
+            add(f"- probe `{p['case']}` {p['what']}{where}: {a} {md(p.get(a))}, {b} {md(p.get(b))}")
+        add("")
+
+    if vs:
+        add(f"## Guard probes: {vs['ours']} vs upstream-2.13")
+        add("")
+        add(
+            "Decisions compared are those of the LOADED guards in a fresh process. "
+            "`references differ` means the two versions' own compile-time guards already "
+            "decide differently (their guard sets differ), not a serialization effect."
+        )
+        add("")
+        unexpected = [d for d in vs["differences"] if not d["intended"]]
+        intended = [d for d in vs["differences"] if d["intended"]]
+        for title, group in (("UNEXPECTED differences", unexpected), ("Intended differences", intended)):
+            add(f"### {title} ({len(group)})")
+            add("")
+            for d in group:
+                tag = "intended" if d["intended"] else "**UNEXPECTED**"
+                for side, who in (("ours", vs["ours"]), ("theirs", "upstream")):
+                    if d.get(f"{side}_self_mismatch"):
+                        tag += f" (⚠ {who}'s loaded guards disagree with its reference: see BUGS)"
+                if d["kind"] == "status":
+                    add(
+                        f"- {tag} `{d['case']}`: {vs['ours']} **{d['ours_status']}**"
+                        + refusal_text(d.get("ours_refusal"))
+                        + f"; upstream **{d['theirs_status']}**"
+                        + refusal_text(d.get("theirs_refusal"))
+                    )
+                else:
+                    add(f"- {tag} `{d['case']}`: loaded decisions differ on {len(d['inputs'])} input(s)")
+                    for i in d["inputs"]:
+                        add(
+                            f"    - {md(i['input'])}: {vs['ours']} ref {fmt_decision(i['ours_reference'])} / "
+                            f"loaded {fmt_decision(i['ours_loaded'])}; upstream ref "
+                            f"{fmt_decision(i['theirs_reference'])} / loaded {fmt_decision(i['theirs_loaded'])}"
+                            + (" (references differ)" if i["references_differ"] else " (**serialization**)")
+                            + (f"; {vs['ours']}: {md(i['ours_why'])}" if i["ours_why"] else "")
+                            + (f"; upstream: {md(i['theirs_why'])}" if i["theirs_why"] else "")
+                        )
+                if d["intended"]:
+                    add(f"    - reason: {md(d['reason'])}")
+            add("")
+        if report.get("unused_expected_differences"):
+            add(
+                "Recorded expected differences that no longer occur: "
+                + ", ".join(f"`{k}`" for k in report["unused_expected_differences"])
+            )
+            add("")
+
+    statuses = report.get("probe_statuses") or {}
+    if statuses:
+        probe_labels = list(next(iter(statuses.values())).keys())
+        add("## Guard probe statuses")
+        add("")
+        add("| case | " + " | ".join(probe_labels) + " |")
+        add("|---|" + "---|" * len(probe_labels))
+        cases = report.get("probe_cases", {})
+        for case_id, by_env in statuses.items():
+            cells = []
+            for label in probe_labels:
+                status = by_env.get(label, ABSENT)
+                case = cases.get(label, {}).get(case_id, {})
+                if status == "refused":
+                    status += f": {md(normalize((case.get('refusal') or {}).get('message', '')))[:140]}"
+                elif status in ("trace_error", "reference_error"):
+                    status += f": {md((case.get('error') or {}).get('message', ''))[:140]}"
+                cells.append(status)
+            add(f"| `{case_id}` | " + " | ".join(cells) + " |")
+        add("")
+
+    coverage = report.get("guard_type_coverage") or {}
+    if coverage:
+        probe_labels = sorted({label for per in coverage.values() for label in per})
+        add("## Guard types emitted by the probes (mode `all`)")
+        add("")
+        add("| guard type | " + " | ".join(probe_labels) + " |")
+        add("|---|" + "---|" * len(probe_labels))
+        for guard_type, per in coverage.items():
+            cells = []
+            for label in probe_labels:
+                names = per.get(label, [])
+                cells.append(f"{len(names)}: {', '.join(names[:4])}{', …' if len(names) > 4 else ''}" if names else ABSENT)
+            add(f"| {guard_type} | " + " | ".join(cells) + " |")
+        add("")
+    weak = {k: v for k, v in (report.get("weak_probes") or {}).items() if v}
+    if weak:
+        add("Probe cases whose battery does not separate (reference accepts or rejects every input): ")
+        for label, cases in weak.items():
+            add(f"- {label}: {', '.join(cases)}")
+        add("")
+
+    comparison = report["test_comparison"]
+    add("## Tests whose outcome differs between environments")
+    add("")
+    if not comparison["differing"]:
+        add("None.")
+    for d in comparison["differing"]:
+        outcomes = ", ".join(f"{k} {v}" for k, v in d["outcomes"].items())
+        add(f"- `{d['test']}`: {outcomes}")
+        for label, message in d["messages"].items():
+            add(f"    - {label}: {md(message)}")
+    add("")
+
+    add("## Test outcomes")
+    add("")
+    ran = comparison["environments"]
+    add("| test | " + " | ".join(ran) + " |")
+    add("|---|" + "---|" * len(ran))
+    for test_id in comparison["tests"]:
+        cells = []
+        for label in ran:
+            test = report["tests"][label].get(test_id)
+            cells.append(test["outcome"] if test else ABSENT)
+        marker = " ⚠" if len(set(cells)) > 1 else ""
+        add(f"| `{md(test_id)}`{marker} | " + " | ".join(cells) + " |")
+    add("")
+    return "\n".join(lines)
+
+
+def refusal_text(refusal: Optional[dict]) -> str:
+    if not refusal:
+        return ""
+    return f" ({md(refusal.get('type', '').rsplit('.', 1)[-1])}: {md(normalize(refusal.get('message', '')))})"
+
+
+# ---------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------
+
+
+def parse_pairs(text: str) -> list[tuple[str, str]]:
+    pairs = []
+    for item in filter(None, (text or "").split(";")):
+        a, _, b = item.partition(",")
+        if not b:
+            raise argparse.ArgumentTypeError(f"expected A,B, got {item!r}")
+        pairs.append((a.strip(), b.strip()))
+    return pairs
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report directory")
+    parser.add_argument(
+        "--envs",
+        default=",".join(e.label for e in default_environments()),
+        help="comma-separated environments to run (default: all four)",
+    )
+    parser.add_argument("--no-tests", dest="tests", action="store_false", help="skip the pytest runs")
+    parser.add_argument("--no-probes", dest="probes", action="store_false", help="skip the guard probes")
+    parser.add_argument(
+        "--require-agreement",
+        type=parse_pairs,
+        default=[],
+        metavar="A,B[;C,D]",
+        help="exit 1 if these environments disagree on any test or probe (CI: overlay,wheel)",
+    )
+    parser.add_argument(
+        "--fail-on-unexpected",
+        action="store_true",
+        help="also exit 1 on an UNEXPECTED overlay-vs-upstream probe difference or a "
+        "loaded-vs-reference mismatch",
+    )
+    parser.add_argument("--expected", type=Path, default=EXPECTED_DIFFERENCES)
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="rebuild the report from the results already in --out (after editing the "
+        "expected differences, say) instead of running anything",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=2, help="environments run at once (default 2)"
+    )
+    parser.add_argument("--pytest-timeout", type=int, default=1200, help="seconds per environment")
+    parser.add_argument("--probe-timeout", type=int, default=600, help="seconds per environment")
+    parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    wanted = [x.strip() for x in args.envs.split(",") if x.strip()]
+    known = {e.label: e for e in default_environments()}
+    unknown = [x for x in wanted if x not in known]
+    if unknown:
+        parser.error(f"unknown environment(s) {unknown}; known: {list(known)}")
+    environments = [known[x] for x in wanted]
+    for a, b in args.require_agreement:
+        if a not in wanted or b not in wanted:
+            parser.error(f"--require-agreement {a},{b} names an environment not in --envs")
+
+    started = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    infos, test_runs, probe_runs = {}, {}, {}
+
+    def run_environment(environment: Environment) -> None:
+        label = environment.label
+        infos[label] = info = describe_environment(environment)
+        say(f"[{label}] {info.get('torch', info['status'] + ': ' + info.get('detail', ''))}")
+        if info["status"] != "ok":
+            return
+        if args.tests:
+            if args.reuse:
+                test_runs[label] = reuse_pytest(environment, args.out)
+            else:
+                test_runs[label] = run_pytest(
+                    environment, args.out, args.pytest_timeout, args.pytest_args
+                )
+            run = test_runs[label]
+            say(f"[{label}] pytest: {run.get('summary') or run['status']} ({run.get('seconds', '?')} s)")
+        if args.probes and environment.probes:
+            if args.reuse:
+                probe_runs[label] = reuse_probes(environment, args.out)
+            else:
+                probe_runs[label] = run_probes(environment, args.out, args.probe_timeout)
+            run = probe_runs[label]
+            say(f"[{label}] probes: {run['status']} ({run.get('wall_seconds', '?')} s) {run.get('detail', '')}")
+
+    # The environments are independent processes: run the slowest suites first and
+    # up to --jobs of them at once.
+    by_cost = sorted(environments, key=lambda e: SLOWEST_FIRST.index(e.label))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for future in [pool.submit(run_environment, e) for e in by_cost]:
+            future.result()
+
+    report = build_report(args, environments, infos, test_runs, probe_runs, started)
+    (args.out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    (args.out / "report.md").write_text(render_markdown(report))
+    print(f"report: {args.out / 'report.md'} ({report['seconds']} s)")
+
+    status = 0
+    for entry in report["agreement"]:
+        if entry["required"] and not entry["agree"]:
+            a, b = entry["pair"]
+            print(
+                f"{a} and {b} disagree: {entry.get('error', '').strip()} "
+                f"{len(entry.get('tests', []))} tests, {len(entry.get('probes', []))} probe results",
+                file=sys.stderr,
+            )
+            status = 1
+    unexpected = [d for d in (report.get("probe_vs_upstream") or {}).get("differences", []) if not d["intended"]]
+    bugs = report.get("probe_bugs", [])
+    print(f"{len(unexpected)} UNEXPECTED probe differences, {len(bugs)} loaded-vs-reference mismatches")
+    if args.fail_on_unexpected and (unexpected or bugs):
+        status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
