@@ -184,22 +184,11 @@ def last_line(text: str) -> str:
     return lines[-1].strip()[:300] if lines else ""
 
 
-def run_pytest(environment: Environment, out_dir: Path, timeout: int, pytest_args) -> dict:
-    junit = out_dir / "junit" / f"{environment.label}.xml"
-    junit.parent.mkdir(parents=True, exist_ok=True)
-    junit.unlink(missing_ok=True)
-    cmd = [
-        str(environment.python),
-        "-P",
-        "-m",
-        "pytest",
-        "test",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        f"--junitxml={junit}",
-        *pytest_args,
-    ]
+def run_logged(environment: Environment, cmd: list, timeout: int, log_file: Path):
+    """Run ``cmd`` in ``environment``; log its output to ``log_file``.
+
+    Returns (returncode, or None on a timeout; stdout; stderr; seconds).
+    """
     log.info("%s: %s", environment.label, " ".join(cmd))
     started = time.perf_counter()
     try:
@@ -216,10 +205,29 @@ def run_pytest(environment: Environment, out_dir: Path, timeout: int, pytest_arg
         returncode = None
         stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         stderr = f"timed out after {timeout} s"
-    seconds = round(time.perf_counter() - started, 1)
-    (out_dir / "logs").mkdir(exist_ok=True)
-    (out_dir / "logs" / f"pytest-{environment.label}.log").write_text(
-        f"$ {' '.join(cmd)}\n{stdout}\n--- stderr ---\n{stderr}"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    log_file.write_text(f"$ {' '.join(cmd)}\n{stdout}\n--- stderr ---\n{stderr}")
+    return returncode, stdout, stderr, round(time.perf_counter() - started, 1)
+
+
+def run_pytest(environment: Environment, out_dir: Path, timeout: int, pytest_args) -> dict:
+    junit = out_dir / "junit" / f"{environment.label}.xml"
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    junit.unlink(missing_ok=True)
+    cmd = [
+        str(environment.python),
+        "-P",
+        "-m",
+        "pytest",
+        "test",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        f"--junitxml={junit}",
+        *pytest_args,
+    ]
+    returncode, stdout, stderr, seconds = run_logged(
+        environment, cmd, timeout, out_dir / "logs" / f"pytest-{environment.label}.log"
     )
     result: dict[str, Any] = {"returncode": returncode, "seconds": seconds}
     if returncode is None:
@@ -319,29 +327,17 @@ def run_probes(environment: Environment, out_dir: Path, timeout: int) -> dict:
         "--label",
         environment.label,
     ]
-    log.info("%s: %s", environment.label, " ".join(cmd))
-    started = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            cmd,
-            capture_output=True,
-            text=True,
-            env=process_env(environment),
-            cwd=REPO_ROOT,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout", "detail": f"timed out after {timeout} s"}
-    (out_dir / "logs").mkdir(exist_ok=True)
-    (out_dir / "logs" / f"probes-{environment.label}.log").write_text(
-        f"$ {' '.join(cmd)}\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+    returncode, _, stderr, seconds = run_logged(
+        environment, cmd, timeout, out_dir / "logs" / f"probes-{environment.label}.log"
     )
+    if returncode is None:
+        return {"status": "timeout", "detail": stderr}
     result_file = probe_dir / "probes.json"
-    if proc.returncode != 0 or not result_file.exists():
-        return {"status": "failed", "detail": last_line(proc.stderr)}
+    if returncode != 0 or not result_file.exists():
+        return {"status": "failed", "detail": last_line(stderr)}
     result = json.loads(result_file.read_text())
     result["status"] = "ran"
-    result["wall_seconds"] = round(time.perf_counter() - started, 1)
+    result["wall_seconds"] = seconds
     return result
 
 

@@ -23,6 +23,7 @@ import tempfile
 import textwrap
 import threading
 import types
+import unittest.mock
 import weakref
 
 import torch
@@ -663,7 +664,7 @@ class TestGuardSerialization(GuardSerializationTestCase):
             built,
             loaded,
             accepted=[{"x": torch.ones(2)}],
-            rejected=[(_patched_attr(torch, "sin", torch.cos), {"x": torch.ones(2)})],
+            rejected=[(unittest.mock.patch.object(torch, "sin", torch.cos), {"x": torch.ones(2)})],
         )
 
     def test_closure_match_on_module_level_function(self):
@@ -1164,21 +1165,11 @@ class TestGuardsStateFormat(GuardSerializationTestCase):
 
 
 @contextlib.contextmanager
-def _patched_attr(obj, name, value):
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
-
-
-@contextlib.contextmanager
 def _patched_builtins_dict(name, value):
     # Dynamo reads builtins through a global alias of the builtins dict.
     import builtins
 
-    with _patched_attr(builtins, name, value):
+    with unittest.mock.patch.object(builtins, name, value):
         yield
 
 
