@@ -40,6 +40,7 @@ import functools
 import logging
 import math
 import types
+import unittest.mock
 from typing import Any, Callable, ContextManager, Optional
 
 import torch
@@ -156,16 +157,6 @@ def patch_global(name: str, value: Any):
             del scope[name]
         else:
             scope[name] = old
-
-
-@contextlib.contextmanager
-def patch_attr(obj: Any, name: str, value: Any):
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
 
 
 @contextlib.contextmanager
@@ -818,7 +809,7 @@ def object_hasattr(o, x):
     C("Box", lambda: A(Box(2.0), t(3))),
     C("SubBox (overrides apply)", lambda: A(SubBox(2.0), t(3))),
     C("Box, apply patched on class", lambda: A(Box(2.0), t(3)),
-      lambda: patch_attr(Box, "apply", SubBox.apply)),
+      lambda: unittest.mock.patch.object(Box, "apply", SubBox.apply)),
     covers=("TYPE_MATCH", "ID_MATCH", "FUNCTION_MATCH"),
 )
 def object_method(o, x):
@@ -1015,7 +1006,7 @@ def global_dict(x):
 @probe(
     C("example", lambda: A(t(3))),
     C("CONF unchanged", lambda: A(t(3))),
-    C("CONF.scale = 4.0", lambda: A(t(3)), lambda: patch_attr(CONF, "scale", 4.0)),
+    C("CONF.scale = 4.0", lambda: A(t(3)), lambda: unittest.mock.patch.object(CONF, "scale", 4.0)),
     C("CONF rebound to an equal Box", lambda: A(t(3)),
       lambda: patch_global("CONF", Box(scale=3.0, offset=2))),
     covers=("TYPE_MATCH", "EQUALS_MATCH"),
@@ -1040,7 +1031,7 @@ def global_none(x):
     C("example", lambda: A(t(3))),
     C("helper unchanged", lambda: A(t(3))),
     C("helper rebound", lambda: A(t(3)), lambda: patch_global("helper", other_helper)),
-    C("helper default changed", lambda: A(t(3)), lambda: patch_attr(helper, "__defaults__", (5,))),
+    C("helper default changed", lambda: A(t(3)), lambda: unittest.mock.patch.object(helper, "__defaults__", (5,))),
     covers=("FUNCTION_MATCH", "ID_MATCH", "CONSTANT_MATCH"),
 )
 def global_function(x):
@@ -1071,7 +1062,7 @@ def global_partial(x):
 @probe(
     C("example", lambda: A(t(3))),
     C("unchanged", lambda: A(t(3))),
-    C("math.pi patched", lambda: A(t(3)), lambda: patch_attr(math, "pi", 3.0)),
+    C("math.pi patched", lambda: A(t(3)), lambda: unittest.mock.patch.object(math, "pi", 3.0)),
     covers=("ID_MATCH", "PYMODULE_MATCH", "EQUALS_MATCH"),
 )
 def global_module_constant(x):

@@ -618,14 +618,18 @@ class CompilePackage:
         )
 
     def _exclude(self, code, reason: str) -> None:
-        message = (
+        self._leave_out(
             f"torch.compile package: the entry for {code.co_qualname} "
             f"({code.co_filename}:{code.co_firstlineno}) is not saved: {reason}"
         )
+
+    def _leave_out(self, message: str) -> None:
+        """An entry stays out of the package: a warning, or with
+        config.package_strict an error."""
         if torch._dynamo.config.package_strict:
             raise PackageError(message)
         self._unsaveable.append(message)
-        warnings.warn(message, stacklevel=2)
+        warnings.warn(message, stacklevel=3)
 
     def guards_refused(self, code, error: PackageError) -> None:
         self._exclude(code, str(error))
@@ -677,10 +681,8 @@ class CompilePackage:
     def collect_files(self) -> tuple[dict[str, bytes], dict]:
         """The package's files and manifest, however they are then stored."""
         files: dict[str, bytes] = {}
-        entries = []
         graphs_needed: set[str] = set()
         for entry in self.entries:
-            entries.append(entry)
             graphs_needed |= {ref[1] for ref in entry.globals.values() if ref[0] == "graph"}
         failed: dict[str, str] = {}
         kernels: dict[str, bytes] = dict(self._loaded_kernels)
@@ -696,20 +698,16 @@ class CompilePackage:
             files[f"graphs/{artifact}.bin"] = blob
             kernels.update(graph_kernels)
         kept = []
-        for entry in entries:
+        for entry in self.entries:
             bad = [failed[ref[1]] for ref in entry.globals.values() if ref[0] == "graph" and ref[1] in failed]
             if bad:
-                message = (
+                self._leave_out(
                     f"torch.compile package: an entry of {entry.code_key[-1]} is not "
                     f"saved: its graph cannot be packaged: {bad[0]}"
                 )
-                if torch._dynamo.config.package_strict:
-                    raise PackageError(message)
-                warnings.warn(message, stacklevel=2)
                 continue
             kept.append(entry)
-        used_kernels = kernels
-        for h, data in used_kernels.items():
+        for h, data in kernels.items():
             files[f"kernels/{h}.so"] = data
         files[_DYNAMO_FILE] = pickle.dumps(
             [dataclasses.astuple(e) for e in kept], protocol=pickle.HIGHEST_PROTOCOL
@@ -789,7 +787,7 @@ class CompilePackage:
         if any(v.startswith("kernels/") for v in files) or any(
             isinstance(g, _PackagedInductorGraph) for g in graphs.values()
         ):
-            _trust_recorded_vec_isa(manifest)
+            _trust_recorded_vec_isa()
         installed = []
         for entry in entries:
             loaded = self._install_loaded(entry, graphs)
@@ -918,7 +916,7 @@ def find_precompiled_lookup(callback):
     return None
 
 
-def _trust_recorded_vec_isa(manifest: dict) -> None:
+def _trust_recorded_vec_isa() -> None:
     """Skip Inductor's compile-and-run CPU probe: the package recorded the ISA its
     kernels were built for, and the CPU capability was checked in the manifest."""
     import torch._inductor.config as inductor_config
