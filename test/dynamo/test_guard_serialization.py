@@ -138,6 +138,29 @@ def uses_global_partial(x):
     return PARTIAL(x)
 
 
+def passes_through(fn):
+    # A decorator: the function it wraps lives only in the wrapper's closure.
+    @functools.wraps(fn)
+    def wrapper(*args):
+        return fn(*args)
+
+    return wrapper
+
+
+@passes_through
+def tripled(x):
+    return x * 3
+
+
+@passes_through
+def quadrupled(x):
+    return x * 4
+
+
+def uses_decorated_global(x):
+    return tripled(x)
+
+
 @dataclasses.dataclass
 class Built:
     code: types.CodeType
@@ -307,6 +330,31 @@ class TestGuardSerialization(GuardSerializationTestCase):
             loaded,
             accepted=[{"x": torch.nn.Parameter(torch.randn(2))}],
             rejected=[{"x": torch.randn(2, requires_grad=True)}, {"x": torch.randn(2)}],
+        )
+
+    @parametrize("load_under_inference_mode", [False, True])
+    def test_tensor_match_saved_under_inference_mode(self, load_under_inference_mode):
+        # An inference tensor has no autograd dispatch keys, and inference mode
+        # excludes them thread-locally: both are part of what the guard compares,
+        # whatever mode is live while the guards are loaded.
+        def fn(x):
+            return x + 1
+
+        with torch.inference_mode():
+            built = build_check_fn_manager(fn, (torch.randn(3),), guard_types=("TENSOR_MATCH",))
+            inference_tensor = torch.randn(3)
+        with torch.inference_mode(load_under_inference_mode):
+            loaded = load_check_fn_manager(built)
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[(torch.inference_mode(), {"x": inference_tensor})],
+            rejected=[
+                (torch.inference_mode(), {"x": torch.randn(4)}),
+                # a normal tensor keeps its ADInplaceOrView key in inference mode
+                (torch.inference_mode(), {"x": torch.randn(3)}),
+                {"x": torch.randn(3)},
+            ],
         )
 
     def test_tensor_subclass_is_refused(self):
@@ -1013,6 +1061,18 @@ class TestGuardSerializationValues(GuardSerializationTestCase):
             rejected=[
                 (patched_global("PARTIAL", functools.partial(helper, k=6)), {"x": torch.ones(2)})
             ],
+        )
+
+    def test_function_in_the_closure_of_a_module_level_wrapper(self):
+        # The wrapped function has no module-level name, but the guard's source
+        # reaches it from one: G['tripled'].__closure__[0].cell_contents.
+        built, loaded = self.roundtrip_all(uses_decorated_global, (torch.ones(2),))
+        self.assertIn(b"__closure__[0]", built.ref.guards_state)
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2)}],
+            rejected=[(patched_global("tripled", quadrupled), {"x": torch.ones(2)})],
         )
 
     def test_closure_cells(self):

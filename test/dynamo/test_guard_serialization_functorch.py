@@ -223,9 +223,10 @@ CASES = {
 }
 
 
-def save_case(case_name):
-    """Compiles the case's function where the case says; returns the reference
-    manager and its ``guards_state``."""
+def save_case(case_name, guard_filter_fn=None):
+    """Compiles the case's function where the case says, keeping the guards
+    ``guard_filter_fn`` keeps (by default the FUNCTORCH_STACK_MATCH guard);
+    returns the reference manager and its ``guards_state``."""
     case = CASES[case_name]
     built = {}
 
@@ -234,7 +235,7 @@ def save_case(case_name):
         # the guard under test does not depend on them.
         with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
             built["built"] = build_check_fn_manager(
-                case.fn, (x,), keep_only("FUNCTORCH_STACK_MATCH")
+                case.fn, (x,), guard_filter_fn or keep_only("FUNCTORCH_STACK_MATCH")
             )
         return case.fn(x)
 
@@ -335,15 +336,79 @@ class TestFunctorchStackGuardSerialization(torch._dynamo.test_case.TestCase):
         }
         self.assertEqual(json.loads(proc.stdout), expected)
 
-    def test_tensor_match_on_a_functorch_wrapped_input_is_refused(self):
-        # A BatchedTensor's dispatch keys (FuncTorchBatched) cannot be rebuilt on
-        # a plain stand-in tensor: the save fails, naming guard and source.
-        def run(x):
-            with self.assertRaisesRegex(PackageError, r"TENSOR_MATCH guard on L\['x'\]"):
-                build_check_fn_manager(summed, (x,), keep_only("TENSOR_MATCH"))
-            return x
+    @parametrize("case_name", ["vmap", "grad", "jvp_vmap", "functionalize", "vmap_grad"])
+    def test_tensor_match_on_functorch_wrapped_inputs(self, case_name):
+        # The input is a BatchedTensor / grad or jvp TensorWrapper /
+        # FunctionalTensorWrapper: its dispatch keys and those live in the layers
+        # are part of the guard, rebuilt at load outside any layer.
+        case = CASES[case_name]
+        built = save_case(case_name, keep_only("TENSOR_MATCH"))
+        loaded = load_check_fn_manager(built.code, built.ref.guards_state)
+        not_wrapped = torch.randn(2)
+        decisions = {}
 
-        torch.vmap(run)(torch.randn(3, 2))
+        def decide(x):
+            f_locals = {
+                "wrapped": {"x": x},
+                "wrapped_float64": {"x": x.double()},
+                "not_wrapped": {"x": not_wrapped},
+            }
+            for name, item in f_locals.items():
+                decisions[(tuple(x.shape), name)] = (
+                    built.ref.guard_manager.check(item),
+                    loaded.guard_manager.check(item),
+                )
+            return case.fn(x)
+
+        for shape in ((3, 2), (3, 5)):
+            case.nest(decide, torch.randn(*shape))
+        reference = {key: ref for key, (ref, _) in decisions.items()}
+        self.assertEqual(
+            {key: got for key, (_, got) in decisions.items()}, reference
+        )
+        accepted = [key for key, ref in reference.items() if ref]
+        self.assertEqual(accepted, [((2,) if "vmap" in case_name else (3, 2), "wrapped")])
+
+    def test_all_guards_in_vmap_of_grad_cross_process(self):
+        # Every guard Dynamo makes for a frame compiled inside vmap(grad(...))
+        # (tensor, global state, functorch stack...), loaded by a fresh
+        # interpreter and decided there inside and outside the transforms.
+        here = os.path.dirname(os.path.abspath(__file__))
+        module = os.path.splitext(os.path.basename(__file__))[0]
+        prelude = f"import sys\nsys.path.insert(0, {here!r})\nimport {module} as t\n"
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "guards.bin")
+            save = prelude + textwrap.dedent(
+                f"""
+                built = t.save_case("vmap_grad", lambda entries: [True] * len(entries))
+                open({path!r}, "wb").write(built.ref.guards_state)
+                """
+            )
+            load = prelude + textwrap.dedent(
+                f"""
+                import json, torch
+                loaded = t.load_check_fn_manager(t.summed.__code__, open({path!r}, "rb").read())
+                decisions = []
+                def decide(x):
+                    decisions.append(loaded.guard_manager.check({{"x": x}}))
+                    return t.summed(x)
+                for shape in ((3, 2), (3, 5), (4, 2)):
+                    torch.vmap(torch.func.grad(decide))(torch.randn(*shape))
+                decisions.append(loaded.guard_manager.check({{"x": torch.randn(2)}}))
+                print(json.dumps(decisions))
+                """
+            )
+            safe_path = ["-P"] if sys.flags.safe_path else []
+            for script in (save, load):
+                proc = subprocess.run(
+                    [sys.executable, *safe_path, "-c", script],
+                    capture_output=True,
+                    text=True,
+                )
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+        # batch of 3 x (2,) accepted, (5,) rejected, batch of 4 (not guarded)
+        # accepted, outside the transforms rejected
+        self.assertEqual(json.loads(proc.stdout), [True, False, True, False])
 
 
 class TestTransformsInCompiledRegion(torch._dynamo.test_case.TestCase):
@@ -387,6 +452,26 @@ class TestTransformsInCompiledRegion(torch._dynamo.test_case.TestCase):
             rejected=[
                 ("", {"x": torch.randn(4, 2)}),
                 ("", {"x": torch.randn(3, 2, dtype=torch.float64)}),
+                ("vmap", {"x": torch.randn(3, 2)}),
+            ],
+        )
+
+    @parametrize("fn_name", ["uses_vmap_of_grad", "uses_jvp"])
+    def test_all_guards(self, fn_name):
+        # Including the guards on torch.func's own functions: the function that
+        # grad's decorator wraps is named through the wrapper's closure.
+        fn = globals()[fn_name]
+        x = torch.randn(3, 2)
+        built = build_check_fn_manager(fn, (x,), lambda entries: [True] * len(entries))
+        if fn_name == "uses_vmap_of_grad":
+            self.assertIn(b"grad_and_value_impl.__closure__[0]", built.ref.guards_state)
+        loaded = load_check_fn_manager(built.code, built.ref.guards_state)
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[("", {"x": torch.randn(3, 2)})],
+            rejected=[
+                ("", {"x": torch.randn(4, 2)}),
                 ("vmap", {"x": torch.randn(3, 2)}),
             ],
         )

@@ -37,12 +37,14 @@ sys.modules["pkg_case"] = case
 spec.loader.exec_module(case)
 target, calls, compile_kwargs = case.make()
 train = getattr(case, "TRAIN", False)
+# how the target is called: directly, or under the case's transforms
+call = getattr(case, "CALL", lambda fn, args: fn(*args))
 compiled = torch.compile(target, package=package_dir, **compile_kwargs)
 
 
 def run(fn, args):
     args = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
-    out = fn(*args)
+    out = call(fn, args)
     grads = []
     if train:
         out.sum().backward()
@@ -158,6 +160,18 @@ CASES = {
             torch.manual_seed(0)
             return FN, [(torch.randn(6),)], dict(backend=BACKEND)
     """,
+    "inside_functorch_transforms": """
+        import torch
+        def f(x):
+            return (x.sin() * x).sum()
+        def CALL(fn, args):
+            # the compiled frame runs under vmap(grad(...)): its inputs are
+            # wrapped tensors and its guards include the functorch stack
+            return torch.vmap(torch.func.grad(fn))(*args)
+        def make():
+            torch.manual_seed(0)
+            return f, [(torch.randn(4, 3),), (torch.randn(7, 3),)], dict(backend=BACKEND)
+    """,
     "dynamic": """
         import torch
         def f(x):
@@ -254,6 +268,11 @@ class TestPackage(PackageTestCase):
     def test_closure_and_default_arguments(self):
         report = self.save_and_load("closure_and_defaults", "inductor")
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
+
+    def test_frame_compiled_inside_functorch_transforms(self):
+        # 2.7.1 compiles frames inside vmap / grad with the eager backend only.
+        report = self.save_and_load("inside_functorch_transforms", "eager")
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 2)
 
     def test_dynamic_shapes(self):
         case = self.write_case("dynamic", "inductor")

@@ -69,7 +69,9 @@ from torch._dynamo.exc import PackageError
 
 log = logging.getLogger(__name__)
 
-GUARDS_STATE_FORMAT_VERSION = 1
+# 2: tensor stand-ins carry their functorch wrapper; the global state carries
+# the thread-local dispatch key sets.
+GUARDS_STATE_FORMAT_VERSION = 2
 
 # Guard types refused whatever the guarded value: they have no meaning in another
 # process. Every other guard type serializes, or is refused for a specific value
@@ -223,6 +225,12 @@ class _TensorStandIn:
     # TENSOR_MATCH takes sizes and strides explicitly but the rank from the
     # tensor: the stand-in has the saved number of dims (and no elements).
     ndim: int = 1
+    # The outermost functorch wrapper of a tensor seen inside vmap / grad / jvp /
+    # functionalize ("batched", "grad" or "functional"), or None. See
+    # NOTE: [Functorch-wrapped tensor stand-ins].
+    functorch_wrapper: Optional[str] = None
+    # made under inference_mode: no autograd dispatch keys
+    is_inference: bool = False
 
 
 @dataclasses.dataclass
@@ -343,10 +351,20 @@ def _is_constant(value) -> bool:
 # ---------------------------------------------------------------------------
 
 
+_PATH_PART = re.compile(r"(\w+)((?:\[\d+\])*)$")
+
+
 def _resolve_path(root, path: str):
+    """``root`` followed along ``path``: dotted attributes, each optionally
+    indexed by integers (``fn.__closure__[0].cell_contents``)."""
     obj = root
     for part in path.split(".") if path else ():
-        obj = getattr(obj, part)
+        match = _PATH_PART.match(part)
+        if match is None:
+            raise ValueError(f"not an attribute path: {path!r}")
+        obj = getattr(obj, match.group(1))
+        for index in re.findall(r"\[(\d+)\]", match.group(2)):
+            obj = obj[int(index)]
     return obj
 
 
@@ -403,7 +421,7 @@ def _stable_name_from_source(obj, source, global_module, recorded_values=None):
     for the innermost ``<base>`` on the chain whose value has a stable name
     (``L['fn'].__code__`` of a module-level ``fn`` is ``module.fn.__code__``; the
     ``__torch_function__.__func__.__code__`` of a mode at module scope too)."""
-    from torch._dynamo.source import AttrSource, GlobalSource
+    from torch._dynamo.source import AttrSource, GetItemSource, GlobalSource
     from torch._guards import ChainedSource
 
     def resolved(module, path):
@@ -414,25 +432,44 @@ def _stable_name_from_source(obj, source, global_module, recorded_values=None):
             return None
         return None
 
+    # ``attrs`` are path parts, outermost last; an integer item access (a
+    # closure cell, a default) is kept on the attribute it indexes: "__closure__[0]".
     attrs: list[str] = []
+    pending_index = ""
     node = source
     while True:
-        if attrs and recorded_values is not None and node.name() in recorded_values:
+        if (
+            attrs
+            and not pending_index
+            and recorded_values is not None
+            and node.name() in recorded_values
+        ):
             base_ref = find_stable_name(recorded_values[node.name()])
             if base_ref is not None:
                 ref = resolved(base_ref.module, ".".join(p for p in [base_ref.path, *attrs] if p))
                 if ref is not None:
                     return ref
         if isinstance(node, GlobalSource):
-            if global_module in sys.modules:
+            if global_module in sys.modules and not pending_index:
                 return resolved(global_module, ".".join([node.global_name, *attrs]))
             return None
         if not isinstance(node, ChainedSource):
             return None
         if isinstance(node, AttrSource):
-            attrs.insert(0, node.member)
+            if not _PATH_PART.match(node.member):
+                return None
+            attrs.insert(0, node.member + pending_index)
+            pending_index = ""
+        elif (
+            isinstance(node, GetItemSource)
+            and not node.index_is_slice
+            and type(node.index) is int
+            and node.index >= 0
+            and isinstance(node.base, AttrSource)
+        ):
+            pending_index = f"[{node.index}]{pending_index}"
         elif node.name() != node.base.name():
-            return None  # not an attribute path (item access, call...)
+            return None  # not an attribute path (item access by key, call...)
         node = node.base
 
 
@@ -721,16 +758,20 @@ class _StandInConverter:
             },
             dispatch_keys=_dispatch_key_names(t),
             ndim=t.dim(),
+            functorch_wrapper=_functorch_wrapper_kind(t),
+            is_inference=bool(t.is_inference()),
         )
         proxy = _make_tensor(stand_in)
-        if _dispatch_key_names(proxy) != stand_in.dispatch_keys:
+        reproduced = (_dispatch_key_names(proxy), bool(proxy.requires_grad))
+        if reproduced != (stand_in.dispatch_keys, stand_in.requires_grad):
             raise PackageError(
                 refusal_message(
                     "TENSOR_MATCH",
                     path,
-                    f"its dispatch keys {stand_in.dispatch_keys} cannot be reproduced "
-                    f"by a plain tensor ({_dispatch_key_names(proxy)}); sparse, "
-                    "nested, quantized and functorch-wrapped inputs are not supported",
+                    f"its dispatch keys {stand_in.dispatch_keys} (requires_grad="
+                    f"{stand_in.requires_grad}) cannot be reproduced by a stand-in "
+                    f"tensor ({reproduced[0]}, requires_grad={reproduced[1]}); "
+                    "sparse, nested and quantized inputs are not supported",
                 )
             )
         self.memo[id(t)] = stand_in
@@ -778,19 +819,114 @@ def _dispatch_key_names(t: torch.Tensor) -> tuple:
     return _key_set_names(torch._C._dispatch_keys(t))
 
 
+# NOTE: [Functorch-wrapped tensor stand-ins]
+# A frame compiled inside vmap / grad / jvp / functionalize sees its tensors
+# wrapped (BatchedTensor, the grad/jvp TensorWrapper, FunctionalTensorWrapper).
+# TENSOR_MATCH reads the Python type, dtype, device, requires_grad and dispatch
+# keys of the value; a wrapper reports the keys of a plain tensor plus its own
+# (FuncTorchBatched, FuncTorchGradWrapper, Functionalize), whatever it wraps and
+# at whatever level. So a stand-in is the same kind of wrapper around an empty
+# plain tensor: the level it was made at does not reach the guard (the
+# FUNCTORCH_STACK_MATCH guard checks levels), and a grad wrapper, which needs
+# its level on the functorch stack while it is made, is made under a grad layer
+# pushed for that moment. The dispatch keys the guard stores also depend on the
+# thread-local include/exclude sets live while it is built (inside any functorch
+# layer, the DynamicLayer keys are included): those are saved with the global
+# state and made live again while a loaded TENSOR_MATCH is built
+# (tensor_match_dispatch_state).
+
+
+def _functorch_wrapper_kind(t: torch.Tensor) -> Optional[str]:
+    functorch = torch._C._functorch
+    if functorch.is_batchedtensor(t):
+        return "batched"
+    if functorch.is_gradtrackingtensor(t):
+        return "grad"
+    if torch._is_functional_tensor(t):
+        return "functional"
+    return None
+
+
 def _make_tensor(s: _TensorStandIn) -> torch.Tensor:
+    # Made outside any live functorch layer (under one, factory functions return
+    # wrapped tensors) and in the saved inference mode, wherever it is called.
+    with torch._C._DisableFuncTorch(), torch.inference_mode(s.is_inference):
+        return _make_tensor_here(s)
+
+
+def _make_tensor_here(s: _TensorStandIn) -> torch.Tensor:
+    from torch._functorch.eager_transforms import enable_inplace_requires_grad
+
     dtype = getattr(torch, s.dtype)
-    # 0-d has one element; any other rank gets zero-sized dims: no storage.
-    t = torch.empty((0,) * s.ndim, dtype=dtype, device=s.device)
+    functorch = torch._C._functorch
+    # 0-d has one element; any other rank gets zero-sized dims: no storage. A
+    # BatchedTensor hides its batch dim, so its base has one more.
+    base_ndim = s.ndim + (s.functorch_wrapper == "batched")
+    t = torch.empty((0,) * base_ndim, dtype=dtype, device=s.device)
     if s.conj:
         t = torch._C._conj(t) if hasattr(torch._C, "_conj") else t.conj()
     if s.neg:
         torch._C._set_neg(t, True)
+    if s.functorch_wrapper == "batched":
+        t = functorch._add_batch_dim(t, 0, 1)
+    elif s.functorch_wrapper == "functional":
+        t = torch._to_functional_tensor(t)
+    elif s.functorch_wrapper == "grad":
+        level = functorch._grad_increment_nesting()
+        try:
+            t = functorch._wrap_for_grad(t, level)
+            if s.requires_grad:
+                with enable_inplace_requires_grad(True):
+                    t.requires_grad_(True)
+        finally:
+            functorch._grad_decrement_nesting()
+        return t
+    elif s.functorch_wrapper is not None:
+        raise PackageError(f"unknown functorch wrapper {s.functorch_wrapper!r}")
     if s.is_parameter:
         t = torch.nn.Parameter(t, requires_grad=s.requires_grad)
     elif s.requires_grad:
         t.requires_grad_(True)
     return t
+
+
+def _dispatch_key_set_from_raw(raw: int, start):
+    """A DispatchKeySet whose ``raw_repr()`` is ``raw``, made from ``start`` (2.7.1
+    has no ``from_raw_repr``, and a few keys, e.g. AutocastXLA, have no Python
+    name): named keys are added and removed until the bits agree."""
+    DispatchKey, DispatchKeySet = torch._C.DispatchKey, torch._C.DispatchKeySet
+    out = start
+    for key in DispatchKey.__members__.values():
+        try:
+            bits = DispatchKeySet(key).raw_repr()
+        except Exception:
+            continue
+        if not bits or out.raw_repr() == raw:
+            continue
+        if raw & bits == bits and out.raw_repr() & bits != bits:
+            out = out | DispatchKeySet(key)
+        elif raw & bits != bits and out.has(key):
+            out = out.remove(key)
+    if out.raw_repr() != raw:
+        raise PackageError(
+            f"the thread-local dispatch key set {raw:#x} live when the guards were "
+            f"saved cannot be rebuilt from {start} ({out.raw_repr():#x})"
+        )
+    return out
+
+
+def tensor_match_dispatch_state(check_fn_manager):
+    """While a LOADED TENSOR_MATCH guard is built: the thread-local dispatch key
+    sets live when the guards were saved (see NOTE: [Functorch-wrapped tensor
+    stand-ins]); a no-op otherwise."""
+    saved = check_fn_manager.saved_global_state
+    if check_fn_manager.guards_serialization_mode != "load" or saved is None:
+        return contextlib.nullcontext()
+    include_raw, exclude_raw = saved.dispatch_tls
+    return torch._C._ForceDispatchKeyGuard(
+        _dispatch_key_set_from_raw(include_raw, torch._C._dispatch_tls_local_include_set()),
+        _dispatch_key_set_from_raw(exclude_raw, torch._C._dispatch_tls_local_exclude_set()),
+    )
 
 
 @dataclasses.dataclass
@@ -809,6 +945,8 @@ class SavedGlobalState:
     default_device: Optional[str]
     dual_level: int
     functorch_states: list
+    # raw_repr() of the thread-local dispatch (include, exclude) key sets
+    dispatch_tls: tuple
 
     @classmethod
     def capture(cls) -> SavedGlobalState:
@@ -837,6 +975,10 @@ class SavedGlobalState:
             functorch_states=[
                 ci.get_state() for ci in retrieve_all_functorch_interpreters()
             ],
+            dispatch_tls=(
+                torch._C._dispatch_tls_local_include_set().raw_repr(),
+                torch._C._dispatch_tls_local_exclude_set().raw_repr(),
+            ),
         )
 
     @contextlib.contextmanager

@@ -42,6 +42,7 @@ import contextlib
 import dataclasses
 import hashlib
 import importlib
+import inspect
 import io
 import json
 import logging
@@ -236,6 +237,10 @@ class RecordingBackend:
         self.records: dict[int, tuple[Any, _GraphRecord]] = {}
         # Dynamo (eval_frame.c) follows this chain to the backend it guards on.
         self._torchdynamo_orig_callable = backend
+        # The compiler function Dynamo's own checks compare with: a frame that
+        # runs inside vmap / grad / jvp is traced only for the eager backend
+        # (InstructionTranslator._throw_if_in_functorch).
+        self.compiler_fn = inspect.getattr_static(backend, "compiler_fn", backend)
         for attr in ("get_compiler_config", "backend_ctx_ctor", "compiler_name"):
             if hasattr(backend, attr):
                 setattr(self, attr, getattr(backend, attr))
