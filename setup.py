@@ -43,7 +43,10 @@ ext_modules = [
     # torch.X._n is built from torch_overlay/csrc/ as torch_overlay/X/_n.<abi>.so
     CppExtension(
         "torch_overlay._functorch._interpreter_serialization_C",
-        ["torch_overlay/csrc/functorch/interpreter_serialization.cpp"],
+        [
+            "torch_overlay/csrc/functorch/InterpreterSerialization.cpp",
+            "torch_overlay/csrc/functorch/interpreter_serialization_bindings.cpp",
+        ],
         include_dirs=["."],
         extra_compile_args=["-O2", "-g0", "-fvisibility=hidden"],
     ),

@@ -88,6 +88,52 @@ class TestUpstreamExport(TestCase):
         self.assertFalse([f for f in files if f.startswith("test/overlay/")])
         self.assertNotIn("test/conftest.py", files)
 
+    def test_cpp_is_exported_as_the_upstream_change(self):
+        # The extension's ATen source goes upstream unchanged, its declarations
+        # into Interpreter.h, and its .def chain into torch/csrc/functorch/init.cpp,
+        # right after the ATen commit and before the tests that need them.
+        csrc = REPO_ROOT / "torch_overlay" / "csrc" / "functorch"
+        names = [p.name for p in self.exported]
+        aten = [p for p in self.exported if "aten/src/ATen/functorch/InterpreterSerialization.cpp" in created_files(p)]
+        self.assertEqual(len(aten), 1, names)
+        text = aten[0].read_text()
+        added_file = text[text.index("+++ b/aten/src/ATen/functorch/InterpreterSerialization.cpp") :]
+        added_lines = [line[1:] for line in added_file.splitlines()[2:] if line.startswith("+")]
+        self.assertEqual(added_lines, (csrc / "InterpreterSerialization.cpp").read_text().splitlines())
+        self.assertIn("+TORCH_API std::string serializeInterpreter(const Interpreter& interpreter);", text)
+        self.assertIn("diff --git a/aten/src/ATen/functorch/Interpreter.h", text)
+
+        binding = self.exported[self.exported.index(aten[0]) + 1]
+        body = diff_body(binding)
+        self.assertIn("diff --git a/torch/csrc/functorch/init.cpp", body)
+        self.assertIn('-      .def("level", &Interpreter::level);\n+      .def("level", &Interpreter::level)\n', body)
+        bindings = (csrc / "interpreter_serialization_bindings.cpp").read_text()
+        chain = bindings[bindings.index("BEGIN CInterpreter") : bindings.index("// END CInterpreter")]
+        for line in chain.splitlines()[1:]:
+            if line.strip():
+                self.assertIn("+" + line, body)
+        tests_at = next(i for i, p in enumerate(self.exported) if any(f.startswith("test/") for f in created_files(p)))
+        self.assertLess(self.exported.index(binding), tests_at)
+        self.assertIn(binding.name, (self.out / "README.txt").read_text())
+
+    def test_binding_patch_with_another_context_is_refused(self):
+        broken = self.tmp / "broken-binding"
+        shutil.copytree(self.out, broken)
+        (victim,) = [
+            broken / p.name
+            for p in self.exported
+            if "diff --git a/torch/csrc/functorch/init.cpp" in p.read_text()
+        ]
+        victim.write_text(
+            victim.read_text().replace(
+                '       .def("key", &Interpreter::key)\n',
+                '       .def("key", &Interpreter::key)\n       .def("name", &Interpreter::name)\n',
+            )
+        )
+        proc = run_exporter("--check", "--export-dir", str(broken))
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn(f"{victim.name}: its context binds CInterpreter methods", proc.stderr)
+
     def test_broken_patch_is_named(self):
         broken = self.tmp / "broken"
         shutil.copytree(self.out, broken)

@@ -37,7 +37,8 @@ def _not_built_error(cause: ImportError) -> ImportError:
     message = (
         "functorch interpreter serialization (CInterpreter.serialize / "
         f"deserialize) is unavailable: {detail}. It is built from "
-        "torch_overlay/csrc/functorch/interpreter_serialization.cpp by `make ext` "
+        "torch_overlay/csrc/functorch/ (InterpreterSerialization.cpp and its bindings) "
+        "by `make ext` "
         "(or `make venv`) in the torch_overlay checkout."
     )
     try:

@@ -53,7 +53,12 @@ class Patch:
 
 def _read_subject(path: Path) -> str:
     """The Subject header of a format-patch file, unfolded, without ``[PATCH]``."""
-    lines = path.read_text(errors="replace").splitlines()
+    return read_subject_text(path.read_text(errors="replace"))
+
+
+def read_subject_text(text: str) -> str:
+    """The Subject header of format-patch text, unfolded, without ``[PATCH]``."""
+    lines = text.splitlines()
     for i, line in enumerate(lines):
         if line.startswith("Subject:"):
             subject = line[len("Subject:") :].strip()

@@ -76,12 +76,27 @@ def copy_pristine_sources(torch_dir: Path, dest: Path, suffixes=(".py",)) -> int
     return count
 
 
-def init_pristine_repo(work_dir: Path, torch_dir: Path, torch_version: str) -> None:
-    """A git repo holding torch's pristine Python sources, tagged ``overlay-base``."""
+def copy_extra_files(extra_files: dict[str, Path], dest: Path) -> None:
+    """Copy ``extra_files`` (path under ``dest`` -> source) into ``dest``."""
+    for rel, src in extra_files.items():
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, target)
+
+
+def init_pristine_repo(
+    work_dir: Path,
+    torch_dir: Path,
+    torch_version: str,
+    extra_files: dict[str, Path] | None = None,
+) -> None:
+    """A git repo holding torch's pristine Python sources, tagged ``overlay-base``;
+    ``extra_files`` (repo path -> source) join them in that first commit."""
     work_dir.mkdir(parents=True, exist_ok=True)
     git(["init", "-q", "-b", "main"], work_dir)
     copy_pristine_sources(torch_dir, work_dir)
-    git(["add", "-A", "torch"], work_dir)
+    copy_extra_files(extra_files or {}, work_dir)
+    git(["add", "-A", "torch", *(extra_files or {})], work_dir)
     git(
         ["commit", "-q", "-m", f"torch {torch_version}: pristine Python sources"],
         work_dir,
