@@ -148,6 +148,15 @@ MALFORMED = {
         '{"type":4,"level":1,"meta":{"Functionalize":{"functionalizeAddBackViews":1}}}',
         "must be true or false",
     ),
+    "trailing_text": ('{"type":1}x', "not JSON"),
+    "unterminated": ('{"type":1', "not JSON"),
+    "single_quotes": ("{'type':1}", "not JSON"),
+    "nested_too_deeply": ("[" * 100 + "]" * 100, "not JSON"),
+    "level_float": ('{"type":1,"level":1.0}', '"level" of the interpreter must be an integer'),
+    "level_too_big": (
+        '{"type":1,"level":99999999999999999999999}',
+        '"level" of the interpreter is out of range',
+    ),
     "negative_key_set": (
         '{"type":1,"level":1,"meta":{"Vmap":{"batchSize":2,"randomness":0}},'
         '"savedLocalDispatchKeySet":{"included":-1,"excluded":0},"is_alive":true}',
@@ -254,6 +263,22 @@ class TestCInterpreterSerialization(torch._dynamo.test_case.TestCase):
         self.assertTrue(pyfunctorch.GradInterpreter(restored).prev_grad_mode())
         with self.assertRaisesRegex(ValueError, "prevInferenceMode"):
             CInterpreter.deserialize(text.replace('"prevInferenceMode":false', '"prevInferenceMode":true'))
+
+    @requires_extension
+    def test_reads_any_json_spelling_of_the_schema(self):
+        # Whitespace, key order, escapes and members the schema does not know
+        # (later torch versions may add some) do not matter.
+        text = (
+            '{\n  "type": 1,\n  "meta": {"Vmap": {"randomness": 2, "batchSize": 5,'
+            ' "note\\u00e9": [1.5e3, null, {"x": "\\"y\\""}]}},\n  "level": 3,'
+            ' "savedLocalDispatchKeySet": null, "is_alive": false }'
+        )
+        restored = CInterpreter.deserialize(text)
+        self.assertEqual(
+            restored.serialize(),
+            '{"is_alive":false,"level":3,"meta":{"Vmap":{"batchSize":5,"randomness":2}},'
+            '"savedLocalDispatchKeySet":null,"type":1}',
+        )
 
     @requires_extension
     @parametrize("case", list(MALFORMED))
