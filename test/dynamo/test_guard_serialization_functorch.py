@@ -251,6 +251,28 @@ def decide_under_stacks(check_fn_manager, stacks, f_locals):
     return decisions
 
 
+def save_and_load_in_fresh_processes(test, save_body: str, load_body: str) -> str:
+    """Runs ``save_body`` in one fresh interpreter and ``load_body`` in another;
+    both see this module as ``t`` and the guards file as ``GUARDS_PATH``. Returns
+    what the loading one printed."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    module = os.path.splitext(os.path.basename(__file__))[0]
+    safe_path = ["-P"] if sys.flags.safe_path else []
+    with tempfile.TemporaryDirectory() as tmp:
+        prelude = (
+            f"import sys\nsys.path.insert(0, {here!r})\nimport {module} as t\n"
+            f"GUARDS_PATH = {os.path.join(tmp, 'guards.bin')!r}\n"
+        )
+        for body in (save_body, load_body):
+            proc = subprocess.run(
+                [sys.executable, *safe_path, "-c", prelude + textwrap.dedent(body)],
+                capture_output=True,
+                text=True,
+            )
+            test.assertEqual(proc.returncode, 0, proc.stderr)
+    return proc.stdout
+
+
 class TestFunctorchStackGuardSerialization(torch._dynamo.test_case.TestCase):
     def assert_same_decisions(self, built, loaded, accepted, rejected):
         self.assertTrue(accepted and rejected, "need accepted and rejected stacks")
@@ -300,41 +322,25 @@ class TestFunctorchStackGuardSerialization(torch._dynamo.test_case.TestCase):
     def test_cross_process(self, case_name):
         # Saved by one interpreter, loaded and decided by a fresh one.
         case = CASES[case_name]
-        here = os.path.dirname(os.path.abspath(__file__))
-        module = os.path.splitext(os.path.basename(__file__))[0]
-        prelude = f"import sys\nsys.path.insert(0, {here!r})\nimport {module} as t\n"
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "guards.bin")
-            save = prelude + textwrap.dedent(
-                f"""
-                built = t.save_case({case_name!r})
-                open({path!r}, "wb").write(built.ref.guards_state)
-                """
-            )
-            load = prelude + textwrap.dedent(
-                f"""
-                import json, torch
-                case = t.CASES[{case_name!r}]
-                loaded = t.load_check_fn_manager(
-                    case.fn.__code__, open({path!r}, "rb").read()
-                )
-                stacks = case.accepted + case.rejected
-                print(json.dumps(t.decide_under_stacks(loaded, stacks, {{"x": torch.ones(2)}})))
-                """
-            )
-            safe_path = ["-P"] if sys.flags.safe_path else []
-            for script in (save, load):
-                proc = subprocess.run(
-                    [sys.executable, *safe_path, "-c", script],
-                    capture_output=True,
-                    text=True,
-                )
-                self.assertEqual(proc.returncode, 0, proc.stderr)
+        stdout = save_and_load_in_fresh_processes(
+            self,
+            f"""
+            built = t.save_case({case_name!r})
+            open(GUARDS_PATH, "wb").write(built.ref.guards_state)
+            """,
+            f"""
+            import json, torch
+            case = t.CASES[{case_name!r}]
+            loaded = t.load_check_fn_manager(case.fn.__code__, open(GUARDS_PATH, "rb").read())
+            stacks = case.accepted + case.rejected
+            print(json.dumps(t.decide_under_stacks(loaded, stacks, {{"x": torch.ones(2)}})))
+            """,
+        )
         expected = {
             **dict.fromkeys(case.accepted, True),
             **dict.fromkeys(case.rejected, False),
         }
-        self.assertEqual(json.loads(proc.stdout), expected)
+        self.assertEqual(json.loads(stdout), expected)
 
     @parametrize("case_name", ["vmap", "grad", "jvp_vmap", "functionalize", "vmap_grad"])
     def test_tensor_match_on_functorch_wrapped_inputs(self, case_name):
@@ -373,42 +379,28 @@ class TestFunctorchStackGuardSerialization(torch._dynamo.test_case.TestCase):
         # Every guard Dynamo makes for a frame compiled inside vmap(grad(...))
         # (tensor, global state, functorch stack...), loaded by a fresh
         # interpreter and decided there inside and outside the transforms.
-        here = os.path.dirname(os.path.abspath(__file__))
-        module = os.path.splitext(os.path.basename(__file__))[0]
-        prelude = f"import sys\nsys.path.insert(0, {here!r})\nimport {module} as t\n"
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "guards.bin")
-            save = prelude + textwrap.dedent(
-                f"""
-                built = t.save_case("vmap_grad", lambda entries: [True] * len(entries))
-                open({path!r}, "wb").write(built.ref.guards_state)
-                """
-            )
-            load = prelude + textwrap.dedent(
-                f"""
-                import json, torch
-                loaded = t.load_check_fn_manager(t.summed.__code__, open({path!r}, "rb").read())
-                decisions = []
-                def decide(x):
-                    decisions.append(loaded.guard_manager.check({{"x": x}}))
-                    return t.summed(x)
-                for shape in ((3, 2), (3, 5), (4, 2)):
-                    torch.vmap(torch.func.grad(decide))(torch.randn(*shape))
-                decisions.append(loaded.guard_manager.check({{"x": torch.randn(2)}}))
-                print(json.dumps(decisions))
-                """
-            )
-            safe_path = ["-P"] if sys.flags.safe_path else []
-            for script in (save, load):
-                proc = subprocess.run(
-                    [sys.executable, *safe_path, "-c", script],
-                    capture_output=True,
-                    text=True,
-                )
-                self.assertEqual(proc.returncode, 0, proc.stderr)
+        stdout = save_and_load_in_fresh_processes(
+            self,
+            """
+            built = t.save_case("vmap_grad", lambda entries: [True] * len(entries))
+            open(GUARDS_PATH, "wb").write(built.ref.guards_state)
+            """,
+            """
+            import json, torch
+            loaded = t.load_check_fn_manager(t.summed.__code__, open(GUARDS_PATH, "rb").read())
+            decisions = []
+            def decide(x):
+                decisions.append(loaded.guard_manager.check({"x": x}))
+                return t.summed(x)
+            for shape in ((3, 2), (3, 5), (4, 2)):
+                torch.vmap(torch.func.grad(decide))(torch.randn(*shape))
+            decisions.append(loaded.guard_manager.check({"x": torch.randn(2)}))
+            print(json.dumps(decisions))
+            """,
+        )
         # batch of 3 x (2,) accepted, (5,) rejected, batch of 4 (not guarded)
         # accepted, outside the transforms rejected
-        self.assertEqual(json.loads(proc.stdout), [True, False, True, False])
+        self.assertEqual(json.loads(stdout), [True, False, True, False])
 
 
 class TestTransformsInCompiledRegion(torch._dynamo.test_case.TestCase):
@@ -438,32 +430,20 @@ class TestTransformsInCompiledRegion(torch._dynamo.test_case.TestCase):
         )
 
     @parametrize("fn_name", ["uses_vmap_of_grad", "uses_jvp"])
-    def test_local_and_global_state_guards(self, fn_name):
-        fn = globals()[fn_name]
-        # Every guard but those on globals (torch.func's internals): the input's
-        # tensor guards, the global state and the functorch stack.
-        x = torch.randn(3, 2)
-        built = build_check_fn_manager(fn, (x,), keep_local_and_global_state_guards)
-        loaded = load_check_fn_manager(built.code, built.ref.guards_state)
-        self.assert_same_decisions(
-            built,
-            loaded,
-            accepted=[("", {"x": torch.randn(3, 2)})],
-            rejected=[
-                ("", {"x": torch.randn(4, 2)}),
-                ("", {"x": torch.randn(3, 2, dtype=torch.float64)}),
-                ("vmap", {"x": torch.randn(3, 2)}),
-            ],
-        )
-
-    @parametrize("fn_name", ["uses_vmap_of_grad", "uses_jvp"])
-    def test_all_guards(self, fn_name):
-        # Including the guards on torch.func's own functions: the function that
+    @parametrize("kept", ["local_and_global_state", "all"])
+    def test_guards_beyond_the_functorch_stack(self, fn_name, kept):
+        # "local_and_global_state": every guard but those on globals (torch.func's
+        # internals): the input's tensor guards, the global state and the
+        # functorch stack. "all": torch.func's own functions too; the function
         # grad's decorator wraps is named through the wrapper's closure.
         fn = globals()[fn_name]
         x = torch.randn(3, 2)
-        built = build_check_fn_manager(fn, (x,), lambda entries: [True] * len(entries))
-        if fn_name == "uses_vmap_of_grad":
+        keep = {
+            "local_and_global_state": keep_local_and_global_state_guards,
+            "all": lambda entries: [True] * len(entries),
+        }[kept]
+        built = build_check_fn_manager(fn, (x,), keep)
+        if kept == "all" and fn_name == "uses_vmap_of_grad":
             self.assertIn(b"grad_and_value_impl.__closure__[0]", built.ref.guards_state)
         loaded = load_check_fn_manager(built.code, built.ref.guards_state)
         self.assert_same_decisions(
@@ -472,6 +452,7 @@ class TestTransformsInCompiledRegion(torch._dynamo.test_case.TestCase):
             accepted=[("", {"x": torch.randn(3, 2)})],
             rejected=[
                 ("", {"x": torch.randn(4, 2)}),
+                ("", {"x": torch.randn(3, 2, dtype=torch.float64)}),
                 ("vmap", {"x": torch.randn(3, 2)}),
             ],
         )

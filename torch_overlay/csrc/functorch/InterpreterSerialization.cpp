@@ -127,67 +127,53 @@ class JsonParser {
     const char c = text_[pos_];
     if (c == '{') {
       value->kind = JsonValue::Kind::Object;
-      ++pos_;
-      skipWhitespace();
-      if (pos_ < text_.size() && text_[pos_] == '}') {
-        ++pos_;
-        return value;
-      }
-      while (true) {
-        skipWhitespace();
+      parseItems('}', [&] {
         check(pos_ < text_.size() && text_[pos_] == '"', "expected a key");
         std::string key = parseString();
         skipWhitespace();
         check(pos_ < text_.size() && text_[pos_] == ':', "expected ':'");
         ++pos_;
         value->members.emplace_back(std::move(key), parseValue(depth + 1));
-        skipWhitespace();
-        check(pos_ < text_.size(), "unexpected end of text");
-        if (text_[pos_] == ',') {
-          ++pos_;
-          continue;
-        }
-        check(text_[pos_] == '}', "expected ',' or '}'");
-        ++pos_;
-        return value;
-      }
-    }
-    if (c == '[') {
-      value->kind = JsonValue::Kind::Array;
-      ++pos_;
-      skipWhitespace();
-      if (pos_ < text_.size() && text_[pos_] == ']') {
-        ++pos_;
-        return value;
-      }
-      while (true) {
-        parseValue(depth + 1);
-        skipWhitespace();
-        check(pos_ < text_.size(), "unexpected end of text");
-        if (text_[pos_] == ',') {
-          ++pos_;
-          continue;
-        }
-        check(text_[pos_] == ']', "expected ',' or ']'");
-        ++pos_;
-        return value;
-      }
-    }
-    if (c == '"') {
+      });
+    } else if (c == '[') {
+      value->kind = JsonValue::Kind::Array; // the schema has none: not kept
+      parseItems(']', [&] { parseValue(depth + 1); });
+    } else if (c == '"') {
       value->kind = JsonValue::Kind::String;
       parseString();
-      return value;
-    }
-    if (consumeLiteral("true") || consumeLiteral("false")) {
+    } else if (consumeLiteral("true")) {
       value->kind = JsonValue::Kind::Bool;
-      value->boolean = text_[pos_ - 1] == 'e' && text_[pos_ - 2] == 'u';
-      return value;
+      value->boolean = true;
+    } else if (consumeLiteral("false")) {
+      value->kind = JsonValue::Kind::Bool;
+    } else if (!consumeLiteral("null")) {
+      parseNumber(*value);
     }
-    if (consumeLiteral("null")) {
-      return value;
-    }
-    parseNumber(*value);
     return value;
+  }
+
+  // The comma-separated items of an object or array, up to ``close``; the
+  // opening bracket is at pos_.
+  template <typename ParseItem>
+  void parseItems(char close, ParseItem parseItem) {
+    ++pos_;
+    skipWhitespace();
+    if (pos_ < text_.size() && text_[pos_] == close) {
+      ++pos_;
+      return;
+    }
+    while (true) {
+      skipWhitespace();
+      parseItem();
+      skipWhitespace();
+      check(pos_ < text_.size(), "unexpected end of text");
+      if (text_[pos_] != ',') {
+        break;
+      }
+      ++pos_;
+    }
+    check(text_[pos_] == close, "expected ',' or a closing bracket");
+    ++pos_;
   }
 
   std::string parseString() {
@@ -243,38 +229,37 @@ class JsonParser {
     }
   }
 
+  bool digitAt(size_t pos) const {
+    return pos < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos]));
+  }
+
+  // Digits at pos_ (at least one); each is passed to ``onDigit``.
+  template <typename OnDigit>
+  void parseDigits(const char* what, OnDigit onDigit) {
+    check(digitAt(pos_), what);
+    while (digitAt(pos_)) {
+      onDigit(static_cast<uint64_t>(text_[pos_++] - '0'));
+    }
+  }
+
   void parseNumber(JsonValue& value) {
-    const size_t start = pos_;
     value.kind = JsonValue::Kind::Integer;
     if (pos_ < text_.size() && text_[pos_] == '-') {
       value.negative = true;
       ++pos_;
     }
-    check(
-        pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_])),
-        "unexpected character");
-    check(
-        !(text_[pos_] == '0' && pos_ + 1 < text_.size() &&
-          std::isdigit(static_cast<unsigned char>(text_[pos_ + 1]))),
-        "leading zero");
-    while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) {
-      const uint64_t digit = static_cast<uint64_t>(text_[pos_] - '0');
+    check(!(digitAt(pos_) && text_[pos_] == '0' && digitAt(pos_ + 1)), "leading zero");
+    parseDigits("unexpected character", [&](uint64_t digit) {
       if (value.magnitude > (std::numeric_limits<uint64_t>::max() - digit) / 10) {
         value.magnitude_overflow = true;
       } else {
         value.magnitude = value.magnitude * 10 + digit;
       }
-      ++pos_;
-    }
+    });
     if (pos_ < text_.size() && text_[pos_] == '.') {
       value.kind = JsonValue::Kind::Number;
       ++pos_;
-      check(
-          pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_])),
-          "bad fraction");
-      while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) {
-        ++pos_;
-      }
+      parseDigits("bad fraction", [](uint64_t) {});
     }
     if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
       value.kind = JsonValue::Kind::Number;
@@ -282,14 +267,8 @@ class JsonParser {
       if (pos_ < text_.size() && (text_[pos_] == '+' || text_[pos_] == '-')) {
         ++pos_;
       }
-      check(
-          pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_])),
-          "bad exponent");
-      while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) {
-        ++pos_;
-      }
+      parseDigits("bad exponent", [](uint64_t) {});
     }
-    check(pos_ > start, "unexpected character");
   }
 
   const std::string& text_;
