@@ -119,7 +119,7 @@ $(UPSTREAM_STAMP):
 
 upstream-venv: $(UPSTREAM_STAMP)
 
-diff-upstream: venv upstream-venv
+diff-upstream: venv wheel-venv upstream-venv
 	$(PY) build_scripts/diff_upstream.py --out $(DIFF_DIR) $(DIFF_ARGS)
 
 # What CI runs: the overlay and the patched wheel apply the same patches, so they must
