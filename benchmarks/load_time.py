@@ -156,6 +156,13 @@ def import_time(overlay: bool) -> float:
     return float(proc.stdout.strip().splitlines()[-1])
 
 
+# NOTE: [Steady-state stances]
+# torch.compiler.set_stance("fail_on_recompile") wraps Dynamo's callback anew at
+# every call of a compiled function (torch 2.7.1's eval_frame does so for any
+# stance but the default), which costs several µs per call whatever was compiled.
+# So every figure is taken under both stances, and compiled and loaded functions
+# are compared under the same one; the loading process makes its first call under
+# fail_on_recompile, so a figure is never that of a recompiled function.
 STEADY = r"""
 import sys, timeit, json
 sys.path.insert(0, {bench!r})
@@ -165,49 +172,46 @@ torch.manual_seed(0)
 model = models.SeedMLP().eval()
 x = torch.randn(2, 64)
 out = {{}}
+def per_call(fn):
+    fn(x)
+    return min(timeit.repeat(lambda: fn(x), number=2000, repeat=5)) / 2000 * 1e6
 with torch.no_grad():
     compiled = torch.compile(model, package={artifact!r})
-    compiled(x)
-    compiled.save_package()
-    def per_call(fn):
-        fn(x)
-        return min(timeit.repeat(lambda: fn(x), number=2000, repeat=5)) / 2000 * 1e6
-    out["eager_us"] = per_call(model)
-    out["compiled_us"] = per_call(compiled)
+    if {load!r}:
+        compiled.load_package()
+        with torch.compiler.set_stance("fail_on_recompile"):
+            compiled(x)
+        name = "loaded"
+    else:
+        compiled(x)
+        compiled.save_package()
+        out["eager_us"] = per_call(model)
+        name = "compiled"
+    out[name + "_us"] = per_call(compiled)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        out[name + "_fail_on_recompile_us"] = per_call(compiled)
 print(json.dumps(out))
 """
 
-STEADY_LOADED = r"""
-import sys, timeit, json
-sys.path.insert(0, {bench!r})
-import torch
-import models
-torch.manual_seed(0)
-model = models.SeedMLP().eval()
-x = torch.randn(2, 64)
-with torch.no_grad():
-    compiled = torch.compile(model, package={artifact!r})
-    compiled.load_package()
-    torch.compiler.set_stance("fail_on_recompile")
-    compiled(x)
-    t = min(timeit.repeat(lambda: compiled(x), number=2000, repeat=5)) / 2000 * 1e6
-print(json.dumps({{"loaded_us": t}}))
-"""
 
-
-def steady_state(workdir: Path) -> dict:
-    artifact = str(Path(tempfile.mkdtemp(dir=workdir)) / "pkg")
-    results = {}
-    for script in (STEADY, STEADY_LOADED):
-        proc = subprocess.run(
-            [str(OVERLAY_PY), "-c", script.format(bench=str(BENCH_DIR), artifact=artifact)],
-            env=_env(True, str(workdir / "steady-cache")),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        results.update(json.loads(proc.stdout.strip().splitlines()[-1]))
-    return results
+def steady_state(workdir: Path, runs: int) -> dict:
+    """µs per call of the seed MLP (see NOTE: [Steady-state stances]), min/median
+    over ``runs`` pairs of fresh processes."""
+    per_run: dict[str, list[float]] = {}
+    for _ in range(runs):
+        artifact = str(Path(tempfile.mkdtemp(dir=workdir)) / "pkg")
+        for load in (False, True):
+            script = STEADY.format(bench=str(BENCH_DIR), artifact=artifact, load=load)
+            proc = subprocess.run(
+                [str(OVERLAY_PY), "-c", script],
+                env=_env(True, str(workdir / "steady-cache")),
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            for key, value in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+                per_run.setdefault(key, []).append(value)
+    return {key: summarize(values) for key, values in per_run.items()}
 
 
 def summarize(values: list[float]) -> dict:
@@ -219,9 +223,22 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--models", default="mlp,transformer,convnet")
     parser.add_argument("--out", default=str(BENCH_DIR / "results" / "load_time"))
+    parser.add_argument(
+        "--steady-state-only",
+        action="store_true",
+        help="measure only the steady state, into the report --out already holds",
+    )
     args = parser.parse_args(argv)
-    configs = [c for c in CONFIGS if c[1] == "overlay" or UPSTREAM_PY.exists()]
+    out = Path(args.out)
     workdir = Path(tempfile.mkdtemp(prefix="load-time-"))
+    if args.steady_state_only:
+        report = json.loads(out.with_suffix(".json").read_text())
+        try:
+            report["steady_state_mlp_us"] = steady_state(workdir, args.runs)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return write_report(report, out)
+    configs = [c for c in CONFIGS if c[1] == "overlay" or UPSTREAM_PY.exists()]
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "runs": args.runs,
@@ -251,10 +268,13 @@ def main(argv=None) -> int:
                 }
                 for label, values in per_run.items()
             }
-        report["steady_state_mlp_us"] = steady_state(workdir)
+        report["steady_state_mlp_us"] = steady_state(workdir, args.runs)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    out = Path(args.out)
+    return write_report(report, out)
+
+
+def write_report(report: dict, out: Path) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2))
     out.with_suffix(".md").write_text(render(report))
@@ -289,11 +309,23 @@ def render(report: dict) -> str:
     )
     steady = report.get("steady_state_mlp_us")
     if steady:
-        lines.append(
-            f"Steady state, seed MLP, batch 2, no_grad, µs per call: eager "
-            f"{steady['eager_us']:.1f}, torch.compile {steady['compiled_us']:.1f}, "
-            f"loaded from a package {steady['loaded_us']:.1f}."
-        )
+        def us(key):
+            return f"{steady[key]['min']:.1f} / {steady[key]['median']:.1f}"
+
+        lines += [
+            "",
+            "Steady state, seed MLP, batch 2, no_grad, µs per call (min / median of "
+            "fresh processes; compiled and loaded compared under the same stance):",
+            "",
+            "| stance | eager | torch.compile | loaded from a package | loaded / compiled (median) |",
+            "|---|---|---|---|---|",
+        ]
+        for stance, suffix in (("default", ""), ("fail_on_recompile", "_fail_on_recompile")):
+            ratio = steady[f"loaded{suffix}_us"]["median"] / steady[f"compiled{suffix}_us"]["median"]
+            lines.append(
+                f"| {stance} | {us('eager_us') if not suffix else '—'} | "
+                f"{us(f'compiled{suffix}_us')} | {us(f'loaded{suffix}_us')} | {ratio:.2f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
