@@ -109,7 +109,9 @@ with torch.compiler.set_stance("fail_on_recompile"):
     out = fn(m, x)
     out_g = g(x, x)
 cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+import tempfile
 print("REPORT" + json.dumps({{
+    "kernel_copies": len([d for d in os.listdir(tempfile.gettempdir()) if d.startswith("torch_package_kernels_")]),
     "same": bool(torch.allclose(out, m(x))),
     "same_fn": bool(torch.allclose(out_g, aot_models.add_mul(x, x))),
     "traced_graphs": counters["stats"]["unique_graphs"],
@@ -123,8 +125,10 @@ class TestAOTCompile(torch._dynamo.test_case.TestCase):
         super().setUp()
         self.tmp = Path(tempfile.mkdtemp(prefix="aot-compile-test-"))
 
-    def run_script(self, code, cwd=None, cache=None):
+    def run_script(self, code, cwd=None, cache=None, tmpdir=None):
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache or str(self.tmp / "cache")}
+        if tmpdir is not None:
+            env["TMPDIR"] = tmpdir
         proc = subprocess.run(
             [sys.executable, "-c", code],
             cwd=cwd or self.tmp,
@@ -147,14 +151,21 @@ class TestAOTCompile(torch._dynamo.test_case.TestCase):
         (self.tmp / "aot_models.py").write_text(MODEL_MODULE)
         path = str(self.tmp / "mlp.pt")
         self.run_script(SAVE.format(dir=str(self.tmp), path=path))
+        tmpdir = self.tmp / "process-tmp"
+        tmpdir.mkdir()
         out = self.run_script(
-            LOAD.format(dir=str(self.tmp), path=path), cache=str(self.tmp / "empty")
+            LOAD.format(dir=str(self.tmp), path=path),
+            cache=str(self.tmp / "empty"),
+            tmpdir=str(tmpdir),
         )
         report = json.loads(out.split("REPORT", 1)[1])
         self.assertEqual(
             report,
-            {"same": True, "same_fn": True, "traced_graphs": 0, "compiled_binaries": []},
+            # one copy of each archive's kernel binaries while loaded...
+            {"kernel_copies": 2, "same": True, "same_fn": True, "traced_graphs": 0, "compiled_binaries": []},
         )
+        # ... and none left once the process is gone
+        self.assertEqual([p.name for p in tmpdir.iterdir() if p.name.startswith("torch_package_kernels_")], [])
 
     def test_guard_failure_names_the_guard_and_can_be_disabled(self):
         def fn(x, y):

@@ -57,6 +57,7 @@ import tempfile
 import threading
 import types
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -757,6 +758,7 @@ class CompilePackage:
                 raise PackageError(
                     f"package {path}: {name} is corrupted (sha256 does not match the manifest)"
                 )
+        kernel_dir_is_ours = kernel_dir is None
         if kernel_dir is None:
             # An archive: kernel binaries must be files to be loaded.
             kernel_dir = Path(tempfile.mkdtemp(prefix="torch_package_kernels_"))
@@ -780,6 +782,10 @@ class CompilePackage:
             {h: files[f"kernels/{h}.so"] for h in kernel_paths}
         )
         redirect = _KernelRedirect(kernel_paths)
+        if kernel_dir_is_ours:
+            # Kernels load when a graph first runs; the copies go with the last
+            # graph that may load them, or at exit.
+            weakref.finalize(redirect, shutil.rmtree, str(kernel_dir), True)
         graphs = {}
         for name, data in files.items():
             if name.startswith("graphs/"):
