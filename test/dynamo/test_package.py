@@ -274,6 +274,33 @@ class TestPackage(PackageTestCase):
         report = self.save_and_load("inside_functorch_transforms", "eager")
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 2)
 
+    def test_entry_whose_guards_cannot_be_rebuilt_is_dropped_with_a_warning(self):
+        # e.g. guards saved under a thread-local dispatch key set this process
+        # cannot make: the entry is not used and the frame compiles instead.
+        from unittest import mock
+
+        from torch._dynamo import guard_serialization
+
+        def f(x):
+            return x.sin() + 1
+
+        package_dir = str(self.tmp / "pkg")
+        x = torch.randn(4)
+        compiled = torch.compile(f, backend="eager", package=package_dir)
+        compiled(x)
+        compiled.save_package()
+        torch._dynamo.reset()
+        compiled = torch.compile(f, backend="eager", package=package_dir)
+        compiled.load_package()
+        cannot = PackageError("dispatch key set cannot be rebuilt")
+        with mock.patch.object(
+            guard_serialization, "_dispatch_key_set_from_raw", side_effect=cannot
+        ):
+            with self.assertWarnsRegex(UserWarning, "entry for f .* cannot be used: dispatch key set"):
+                self.assertEqual(compiled(x), f(x))
+            with torch.compiler.set_stance("fail_on_recompile"):
+                self.assertEqual(compiled(x), f(x))  # compiled by the first call
+
     def test_dynamic_shapes(self):
         case = self.write_case("dynamic", "inductor")
         package = self.tmp / "pkg"

@@ -860,17 +860,28 @@ class CompilePackage:
         from torch._guards import CompileId
 
         code = frame.f_code
-        for loaded in self._loaded:
+        for loaded in list(self._loaded):
             if self._code_of(loaded.entry) is not code:
                 continue
             if loaded.guard_manager is None:
-                loaded.guard_manager = CheckFunctionManager(
-                    code,
-                    loaded.entry.guards_state,
-                    cache_entry,
-                    guards_serialization_mode="load",
-                    runtime_global_scope=loaded.f_globals,
-                ).guard_manager
+                try:
+                    loaded.guard_manager = CheckFunctionManager(
+                        code,
+                        loaded.entry.guards_state,
+                        cache_entry,
+                        guards_serialization_mode="load",
+                        runtime_global_scope=loaded.f_globals,
+                    ).guard_manager
+                except PackageError as e:
+                    # Its guards cannot be rebuilt in this process: the entry is
+                    # dropped and the frame compiles (or fail_on_recompile says so).
+                    self._loaded.remove(loaded)
+                    warnings.warn(
+                        f"compile package entry for {code.co_name} "
+                        f"({code.co_filename}:{code.co_firstlineno}) cannot be used: {e}",
+                        stacklevel=2,
+                    )
+                    continue
             if not loaded.guard_manager.check(frame.f_locals):
                 continue
             orig_code_map[loaded.out_code] = code
