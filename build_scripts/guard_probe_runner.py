@@ -212,7 +212,9 @@ class TorchApi:
                 fn.__closure__ or (),
                 mode_stack,
                 code_options,
-                lambda gm, example_inputs: gm.forward,
+                # The eager backend (gm.forward): Dynamo traces frames that run
+                # inside vmap / grad / jvp only for this very function.
+                torch._dynamo.lookup_backend("eager"),
                 **kwargs,
             )
             with tracing(tracer.output.tracing_context), tracer.set_current_tx():

@@ -1262,6 +1262,26 @@ def vmap_inside(x):
     return torch.vmap(row_sum)(x)
 
 
+def batched_at_level_1(*shape: int) -> torch.Tensor:
+    """What a frame running inside the vmap of ``vmap_level`` (level 1) sees: a
+    BatchedTensor over a batch of 2 (made without randomness, which that vmap
+    layer refuses)."""
+    return torch._C._functorch._add_batch_dim(torch.ones(2, *shape), 0, 1)
+
+
+@probe(
+    C("example", lambda: A(batched_at_level_1(3)), vmap_level),
+    C("same shape", lambda: A(batched_at_level_1(3)), vmap_level),
+    C("other shape", lambda: A(batched_at_level_1(4)), vmap_level),
+    C("not batched", lambda: A(torch.ones(3)), vmap_level),
+    C("outside the layer", lambda: A(batched_at_level_1(3))),
+    covers=("TENSOR_MATCH", "FUNCTORCH_STACK_MATCH"),
+    compile_context=vmap_level,
+)
+def compiled_inside_vmap(x):
+    return x.sum() * 2
+
+
 @probe(
     C("example", lambda: A(t(3), torch._C._dispatch_keys(t(3)))),
     C("keys of a cpu tensor", lambda: A(t(3), torch._C._dispatch_keys(t(3)))),
