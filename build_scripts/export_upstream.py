@@ -384,14 +384,13 @@ def touches_text(patch_text: str, rel: str) -> bool:
     return f"\ndiff --git a/{rel} b/{rel}\n" in patch_text
 
 
-def build_export_repo(repo: Path) -> list[str]:
+def build_export_repo(repo: Path, date: datetime.datetime) -> list[str]:
     """Build the scratch repository; return what each generated commit adds."""
     torch_dir, torch_version = _pristine_torch()
     workflow.init_pristine_repo(repo, torch_dir, torch_version, pristine_headers(torch_dir))
     patches = series.read_series()
     if patches:
         _git_am(repo, [p.path.resolve() for p in patches])
-    date = _export_date()
     env = _generated_commit_env(repo, date)
     added = []
 
@@ -483,7 +482,8 @@ def export(out: Path) -> list[Path]:
     out = Path(out).resolve()
     with tempfile.TemporaryDirectory(prefix="torch_overlay-export-") as scratch:
         repo = Path(scratch) / "pytorch"
-        added = build_export_repo(repo)
+        date = _export_date()
+        added = build_export_repo(repo, date)
         produced_dir = Path(scratch) / "patches"
         workflow.git(
             [
@@ -514,7 +514,7 @@ def export(out: Path) -> list[Path]:
                 unchecked_at,
                 (
                     "functorch-Bind-CInterpreter.serialize-and-CInterpreter.deserialize.patch",
-                    binding_patch(who, _export_date()),
+                    binding_patch(who, date),
                 ),
             )
         out.mkdir(parents=True, exist_ok=True)

@@ -894,6 +894,9 @@ def _dispatch_key_set_from_raw(raw: int, start):
     """A DispatchKeySet whose ``raw_repr()`` is ``raw``, made from ``start`` (2.7.1
     has no ``from_raw_repr``, and a few keys, e.g. AutocastXLA, have no Python
     name): named keys are added and removed until the bits agree."""
+    if start.raw_repr() == raw:
+        # The usual case: loaded under the thread-local state it was saved in.
+        return start
     DispatchKey, DispatchKeySet = torch._C.DispatchKey, torch._C.DispatchKeySet
     out = start
     for key in DispatchKey.__members__.values():
