@@ -30,7 +30,6 @@ import torch._dynamo
 import torch._dynamo.test_case
 import torch.autograd.forward_ad as fwAD
 from torch._C._functorch import _func_decrement_nesting, _func_increment_nesting
-from torch._dynamo.exc import PackageError
 from torch._dynamo.guards import CheckFunctionManager
 from torch._functorch.eager_transforms import (
     grad_increment_nesting,
