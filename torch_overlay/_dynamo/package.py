@@ -189,6 +189,9 @@ class _GraphRecord:
     aot_cache_key: Optional[str] = None
     aot_config: Optional[dict] = None
     aot_entry: Any = None
+    # A custom backend's compiled callable: saved through its class's
+    # serialize_compile_artifacts (see NOTE: [Custom backend artifacts]).
+    compiled: Any = None
 
 
 class _AOTCacheListener:
@@ -266,6 +269,8 @@ class RecordingBackend:
                 _aot_listener.active = previous
         else:
             compiled = self.backend(gm, example_inputs, **kwargs)
+        if self.kind.startswith(_CUSTOM_BACKEND):
+            record.compiled = compiled
         # Dynamo installs the compiled fn re-wrapped (disable() unwraps to the
         # innermost callable), or another bound method of the same graph module:
         # know every object along the way.
@@ -292,13 +297,96 @@ def _unwrap_chain(fn) -> list:
     return chain
 
 
+_CUSTOM_BACKEND = "custom:"
+
+
 def backend_kind(backend) -> str:
+    """How a package saves the graphs ``backend`` compiles: ``eager``,
+    ``aot_eager``, ``inductor``, or ``custom:<name>`` for any other backend."""
     if type(backend).__name__ == "_TorchCompileInductorWrapper":
         return "inductor"
     name = getattr(backend, "compiler_name", None) or getattr(backend, "__name__", "")
     if isinstance(backend, str):
         name = backend
-    return name if name in ("eager", "aot_eager", "inductor") else f"unsupported:{name}"
+    if name in ("eager", "aot_eager", "inductor"):
+        return name
+    return f"{_CUSTOM_BACKEND}{name or type(backend).__qualname__}"
+
+
+# NOTE: [Custom backend artifacts]
+# A backend other than eager / aot_eager / inductor is saved the way upstream
+# saves every backend's output: its compiled callable must be an instance of
+# torch._dynamo.aot_compile_types.SerializableCallable, whose class turns it into
+# bytes (serialize_compile_artifacts(fn)) and back into a callable
+# (deserialize_compile_artifacts(data)). The artifact names the class by module
+# and qualified name, so the class must be importable where the package loads
+# (defined at module level); the bytes are the class's own business.
+
+
+def _backend_name(kind: str) -> str:
+    return kind[len(_CUSTOM_BACKEND) :]
+
+
+def _serialize_custom_graph(record: _GraphRecord) -> bytes:
+    from torch._dynamo.aot_compile_types import SerializableCallable
+
+    compiled = record.compiled
+    cls = type(compiled)
+    if not isinstance(compiled, SerializableCallable):
+        raise PackageError(
+            f"Compiled function type {cls} (produced from backend "
+            f"{_backend_name(record.backend)!r}) does not implement SerializableCallable: "
+            "return an instance of a torch._dynamo.aot_compile_types.SerializableCallable "
+            "subclass from the backend to save its graphs"
+        )
+    if "<locals>" in cls.__qualname__ or _import_class(cls.__module__, cls.__qualname__) is not cls:
+        raise PackageError(
+            f"the compiled function class {cls.__module__}.{cls.__qualname__} of backend "
+            f"{_backend_name(record.backend)!r} cannot be imported by name: define it at "
+            "module level so that loading can find its deserialize_compile_artifacts"
+        )
+    try:
+        artifacts = cls.serialize_compile_artifacts(compiled)
+    except Exception as e:
+        raise PackageError(
+            f"{cls.__qualname__}.serialize_compile_artifacts failed: {e!r}"
+        ) from e
+    if not isinstance(artifacts, (bytes, bytearray)):
+        raise PackageError(
+            f"{cls.__qualname__}.serialize_compile_artifacts returned "
+            f"{type(artifacts).__name__}, not bytes"
+        )
+    return pickle.dumps(
+        {
+            "backend": record.backend,
+            "callable_class": (cls.__module__, cls.__qualname__),
+            "artifacts": bytes(artifacts),
+        }
+    )
+
+
+def _import_class(module_name: str, qualname: str):
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None
+    return obj
+
+
+def _deserialize_custom_graph(payload: dict):
+    from torch._dynamo.aot_compile_types import SerializableCallable
+
+    module_name, qualname = payload["callable_class"]
+    cls = _import_class(module_name, qualname)
+    if not (isinstance(cls, type) and issubclass(cls, SerializableCallable)):
+        raise PackageError(
+            f"the graph of backend {_backend_name(payload['backend'])!r} was saved by "
+            f"{module_name}.{qualname}, which is not an importable SerializableCallable "
+            "in this process"
+        )
+    return cls.deserialize_compile_artifacts(payload["artifacts"])
 
 
 _CPP_PYBINDING = "cpp_pybinding"
@@ -368,6 +456,8 @@ def serialize_graph(record: _GraphRecord) -> tuple[bytes, dict[str, bytes]]:
     """The artifact of one graph and the kernel binaries it needs."""
     if record.backend in ("eager", "aot_eager"):
         return pickle.dumps({"backend": record.backend, "gm": record.gm}), {}
+    if record.backend.startswith(_CUSTOM_BACKEND):
+        return _serialize_custom_graph(record), {}
     if record.backend != "inductor":
         raise PackageError(f"backend {record.backend!r} artifacts cannot be packaged")
     entry = record.aot_entry
@@ -537,6 +627,8 @@ def deserialize_graph(blob: bytes, redirect: _KernelRedirect, name: str):
         payload = torch.load(io.BytesIO(blob), weights_only=False)
         return _PackagedInductorGraph(payload, redirect, name)
     payload = pickle.loads(blob)
+    if payload["backend"].startswith(_CUSTOM_BACKEND):
+        return _deserialize_custom_graph(payload)
     if payload["backend"] == "eager":
         return payload["gm"].forward
     return _PackagedAOTEagerGraph(payload["gm"])
@@ -631,8 +723,8 @@ class CompilePackage:
 
     def _leave_out(self, message: str) -> None:
         """An entry stays out of the package: a warning, or with
-        config.package_strict an error."""
-        if torch._dynamo.config.package_strict:
+        config.package_strict (upstream: config.strict_precompile) an error."""
+        if torch._dynamo.config.package_strict or torch._dynamo.config.strict_precompile:
             raise PackageError(message)
         self._unsaveable.append(message)
         warnings.warn(message, stacklevel=3)
