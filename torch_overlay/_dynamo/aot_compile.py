@@ -13,17 +13,36 @@ archive). Calling it checks its guards (a call they reject raises, naming the
 failed guard; :meth:`AOTCompiledFunction.disable_guard_check` turns checking off)
 and runs the saved Dynamo bytecode directly: no Dynamo cache is involved.
 
-Provides :class:`AOTCompiledFunction`, :func:`aot_compile_fullgraph` and
-:func:`load_compiled_function`.
+An nn.Module is compiled for several inputs with upstream's module entry
+points: ``OptimizedModule._aot_compile([ModelInput(args, kwargs, contexts),
+...])`` makes its ``forward`` an :class:`AOTCompiledModel` (one compiled
+function per input, chosen on each call by their guards);
+``_save_aot_compiled_module(path)`` returns (and writes) its bytes and
+``_load_aot_compiled_module(data)`` reads them back.
+
+Graphs of backends other than eager, aot_eager and inductor are saved when the
+backend returns a ``torch._dynamo.aot_compile_types.SerializableCallable`` (see
+NOTE: [Custom backend artifacts] in package.py).
+
+Provides :class:`AOTCompiledFunction`, :func:`aot_compile_fullgraph`,
+:func:`load_compiled_function`, :class:`ModelInput`, :class:`AOTCompiledModel`
+and :func:`aot_compile_module`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import gc
+import hashlib
 import inspect
+import io
 import logging
 import marshal
 import os
+import pickle
 import types
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -38,6 +57,25 @@ from .package import (
 
 
 log = logging.getLogger(__name__)
+
+# NOTE: [aot_compile is not a recompile]
+# aot_compile compiles because the user asked for it, for inputs the user chose:
+# whatever stance is active (fail_on_recompile included) does not apply to it, as
+# upstream, whose aot_compile captures the graph without going through Dynamo's
+# frame callback. Here the compile does go through the callback, so it runs
+# under the default stance.
+
+# Copies made by _fresh_function: never the function a saved one belongs to.
+_COMPILE_COPIES: weakref.WeakSet = weakref.WeakSet()
+
+
+def require_aot_compile_enabled() -> None:
+    if not torch._dynamo.config.enable_aot_compile:
+        raise RuntimeError(
+            "AOT Compile is not enabled, please set "
+            "torch._dynamo.config.enable_aot_compile=True (aot_compile is opt-in: run "
+            'it under torch._dynamo.config.patch("enable_aot_compile", True))'
+        )
 
 
 def _module_call_target(fn) -> Optional[tuple[Callable, torch.nn.Module]]:
@@ -61,7 +99,20 @@ def _fresh_function(fn: types.FunctionType) -> types.FunctionType:
     )
     copy.__kwdefaults__ = fn.__kwdefaults__
     copy.__qualname__ = fn.__qualname__
+    _COMPILE_COPIES.add(copy)
     return copy
+
+
+def _code_fingerprint(code: types.CodeType) -> list:
+    """Tells a function's code from another one with the same qualified name."""
+    return [code.co_filename, code.co_firstlineno, hashlib.sha256(code.co_code).hexdigest()]
+
+
+@dataclasses.dataclass
+class AOTCompileSaveResult:
+    """What ``save_compiled_function`` wrote."""
+
+    serialized_data: bytes
 
 
 class AOTCompiledFunction:
@@ -99,13 +150,21 @@ class AOTCompiledFunction:
         """Run without checking guards (inputs are trusted to match the example)."""
         self._check_guards = False
 
+    def _f_locals(self, args, kwargs) -> dict:
+        bound = self._signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        f_locals = dict(bound.arguments)
+        for name, cell in zip(self._fn.__code__.co_freevars, self._fn.__closure__ or ()):
+            f_locals[name] = cell.cell_contents
+        return f_locals
+
+    def guard_check(self, *args, **kwargs) -> bool:
+        """Whether the guards accept a call with these arguments."""
+        return self.guard_manager.check(self._f_locals(args, kwargs))
+
     def __call__(self, *args, **kwargs):
         if self._check_guards:
-            bound = self._signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            f_locals = dict(bound.arguments)
-            for name, cell in zip(self._fn.__code__.co_freevars, self._fn.__closure__ or ()):
-                f_locals[name] = cell.cell_contents
+            f_locals = self._f_locals(args, kwargs)
             if not self.guard_manager.check(f_locals):
                 from torch._dynamo.guards import get_guard_fail_reason_helper
 
@@ -119,29 +178,71 @@ class AOTCompiledFunction:
                 )
         return self._run(*args, **kwargs)
 
-    def save_compiled_function(self, path) -> None:
+    def save_compiled_function(self, path) -> AOTCompileSaveResult:
         """Write the compiled function (the compile package format, one file)."""
-        files, manifest = self._package.collect_files()
-        if manifest["entries"] != 1:
-            raise PackageError(
-                f"aot_compile'd {self._fn.__qualname__} could not be saved: its entry "
-                f"is not serializable ({'; '.join(self._package._unsaveable) or 'see warnings'})"
-            )
-        manifest["aot_compile"] = {"qualname": self._fn.__qualname__}
+        result = type(self).serialize(self)
         path = os.fspath(path)
         tmp = f"{path}.tmp-{os.getpid()}"
         with open(tmp, "wb") as f:
-            write_archive(f, files, manifest)
+            f.write(result.serialized_data)
         os.replace(tmp, path)
+        return result
+
+    @classmethod
+    def serialize(cls, fn: AOTCompiledFunction) -> AOTCompileSaveResult:
+        """``fn`` as the bytes ``save_compiled_function`` writes."""
+        files, manifest = fn._package.collect_files()
+        if manifest["entries"] != 1:
+            raise PackageError(
+                f"aot_compile'd {fn._fn.__qualname__} could not be saved: its entry "
+                f"is not serializable ({'; '.join(fn._package._unsaveable) or 'see warnings'})"
+            )
+        manifest["aot_compile"] = {
+            "qualname": fn._fn.__qualname__,
+            "code": _code_fingerprint(fn._fn.__code__),
+        }
+        buf = io.BytesIO()
+        write_archive(buf, files, manifest)
+        return AOTCompileSaveResult(serialized_data=buf.getvalue())
+
+    @classmethod
+    def deserialize(cls, data: bytes) -> AOTCompiledFunction:
+        """The compiled function ``serialize`` turned into ``data``."""
+        return load_compiled_function(io.BytesIO(data))
+
+
+def _compile_fullgraph(fn, backend, args, kwargs) -> CompilePackage:
+    package = CompilePackage(fn)
+    fresh = _fresh_function(fn)
+    compiled = torch._dynamo.optimize(backend, nopython=True, package=package)(fresh)
+    # See NOTE: [aot_compile is not a recompile]
+    with torch.compiler.set_stance("default"):
+        compiled(*args, **kwargs)
+    return package
+
+
+def _check_custom_backend_output(package: CompilePackage, backend) -> None:
+    """Refuse, as upstream does at compile time, a backend whose compiled graph
+    cannot be saved (see NOTE: [Custom backend artifacts] in package.py)."""
+    from torch._dynamo.aot_compile_types import SerializableCallable
+
+    recording = package.backend
+    if recording is None or not recording.kind.startswith("custom:"):
+        return
+    for _, record in recording.records.values():
+        if not isinstance(record.compiled, SerializableCallable):
+            raise RuntimeError(
+                f"Compiled function type {type(record.compiled)} (produced from backend "
+                f"{backend}) does not implement SerializableCallable. aot_compile saves "
+                "a custom backend's graphs through "
+                "torch._dynamo.aot_compile_types.SerializableCallable: return an "
+                "instance of a subclass of it from the backend"
+            )
 
 
 def aot_compile_fullgraph(fn, backend, example_inputs) -> AOTCompiledFunction:
     """``torch.compile(fn, fullgraph=True).aot_compile((args, kwargs))``."""
-    if not torch._dynamo.config.enable_aot_compile:
-        raise RuntimeError(
-            "aot_compile is opt-in: run it under "
-            'torch._dynamo.config.patch("enable_aot_compile", True)'
-        )
+    require_aot_compile_enabled()
     try:
         args, kwargs = example_inputs
     except (TypeError, ValueError):
@@ -157,10 +258,8 @@ def aot_compile_fullgraph(fn, backend, example_inputs) -> AOTCompiledFunction:
     fn = getattr(fn, "__func__", fn)
     if not isinstance(fn, types.FunctionType):
         raise TypeError(f"aot_compile needs a Python function or an nn.Module, not {fn!r}")
-    package = CompilePackage(fn)
-    fresh = _fresh_function(fn)
-    compiled = torch._dynamo.optimize(backend, nopython=True, package=package)(fresh)
-    compiled(*args, **kwargs)
+    package = _compile_fullgraph(fn, backend, args, kwargs)
+    _check_custom_backend_output(package, backend)
     if len(package.entries) != 1:
         reasons = "; ".join(package._unsaveable) or "no entry was recorded"
         raise PackageError(f"aot_compile of {fn.__qualname__} failed: {reasons}")
@@ -173,7 +272,9 @@ def load_compiled_function(file) -> AOTCompiledFunction:
     """Read a compiled function written by ``save_compiled_function``.
 
     ``file`` is a binary file object or a path. The function it was compiled from
-    must be importable by its module and qualified name.
+    must exist in this process: importable by its module and qualified name, or,
+    for a function defined in a local scope, alive (see
+    NOTE: [Finding a local function again]).
     """
     if isinstance(file, (str, os.PathLike)):
         with open(file, "rb") as f:
@@ -187,23 +288,145 @@ def load_compiled_function(file) -> AOTCompiledFunction:
     if len(loaded) != 1:
         raise PackageError(f"{where} holds {len(loaded)} entries, not one")
     entry = loaded[0]
-    code = _resolve_code(entry.entry.code_key, [])
-    if code is None:
-        raise PackageError(
-            f"{where} was compiled from {entry.entry.code_key[2]} in module "
-            f"{entry.entry.code_key[1]}, which cannot be found in this process"
-        )
-    fn = _function_of(entry.entry.code_key)
+    fn = _function_of(entry.entry.code_key, manifest["aot_compile"].get("code"), where)
     return AOTCompiledFunction(
         fn, entry.out_code, entry.f_globals, entry.entry.guards_state, package
     )
 
 
-def _function_of(code_key):
+# NOTE: [Finding a local function again]
+# A saved function is found again by its module and qualified name. A function
+# defined in a local scope (``<locals>`` in its qualified name) has no such path:
+# it is looked up among the functions alive in this process, by module,
+# qualified name and code (file, first line, bytecode hash saved with it). A
+# process where it does not exist (a fresh one, typically) cannot load it: a
+# PackageError says so. If several live functions match and differ in closure
+# or defaults, which one was meant is unknowable: a PackageError too.
+
+
+def _function_of(code_key, code_fingerprint, where):
+    _, module_name, qualname = code_key
+    if "<locals>" in qualname:
+        return _live_local_function(module_name, qualname, code_fingerprint, where)
+    code = _resolve_code(code_key, [])
+    if code is None:
+        raise PackageError(
+            f"{where} was compiled from {qualname} in module {module_name}, which "
+            "cannot be found in this process"
+        )
     import sys
 
-    _, module_name, qualname = code_key
     obj: Any = sys.modules[module_name]
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return getattr(obj, "__func__", obj)
+
+
+def _live_local_function(module_name, qualname, code_fingerprint, where):
+    candidates = [
+        obj
+        for obj in gc.get_objects()
+        if type(obj) is types.FunctionType
+        and obj.__qualname__ == qualname
+        and obj.__module__ == module_name
+        and obj not in _COMPILE_COPIES
+        and (code_fingerprint is None or _code_fingerprint(obj.__code__) == code_fingerprint)
+    ]
+    if not candidates:
+        raise PackageError(
+            f"{where} was compiled from {qualname} in module {module_name}, which "
+            "cannot be found in this process: it is defined in a local scope, so it "
+            "loads only where that function exists (define it at module level to "
+            "load it anywhere)"
+        )
+    first = candidates[0]
+
+    def same_function(other) -> bool:
+        return (
+            other.__code__ is first.__code__
+            and other.__defaults__ == first.__defaults__
+            and other.__kwdefaults__ == first.__kwdefaults__
+            and len(other.__closure__ or ()) == len(first.__closure__ or ())
+            and all(
+                a.cell_contents is b.cell_contents
+                for a, b in zip(other.__closure__ or (), first.__closure__ or ())
+            )
+        )
+
+    if not all(same_function(other) for other in candidates[1:]):
+        raise PackageError(
+            f"{where} was compiled from {qualname} in module {module_name}: "
+            f"{len(candidates)} live functions of that name exist in this process and "
+            "differ in their closures or defaults, so which one it belongs to is unknown"
+        )
+    return first
+
+
+# ---------------------------------------------------------------------------
+# nn.Module entry points (OptimizedModule._aot_compile and friends)
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ModelInput:
+    """One input a module is compiled ahead of time for: positional and keyword
+    example arguments, and context managers entered while compiling for them
+    (e.g. ``torch.no_grad()``)."""
+
+    args: tuple
+    kwargs: dict
+    contexts: list
+
+
+class AOTCompiledModel:
+    """A module's forward compiled ahead of time for several inputs. A call runs
+    the first compiled function whose guards accept it; when none does, the first
+    one raises its guard failure."""
+
+    def __init__(self, model: torch.nn.Module, compiled_results: list[AOTCompiledFunction]):
+        if not compiled_results:
+            raise ValueError("AOTCompiledModel needs at least one compiled function")
+        self.model = model
+        self.compiled_results = compiled_results
+
+    def __call__(self, *args, **kwargs):
+        for result in self.compiled_results:
+            if result.guard_check(self.model, *args, **kwargs):
+                return result(self.model, *args, **kwargs)
+        return self.compiled_results[0](self.model, *args, **kwargs)
+
+    def serialize(self) -> bytes:
+        """Every compiled function, each as ``save_compiled_function`` writes it."""
+        return pickle.dumps(
+            [AOTCompiledFunction.serialize(r).serialized_data for r in self.compiled_results]
+        )
+
+    @classmethod
+    def deserialize(cls, model: torch.nn.Module, data: bytes) -> AOTCompiledModel:
+        """The compiled forward ``serialize`` wrote, bound to ``model``."""
+        try:
+            archives = pickle.loads(data)
+        except Exception as e:
+            raise PackageError(f"aot_compile'd module data is damaged: {e!r}") from e
+        if not isinstance(archives, list) or not all(
+            isinstance(a, bytes) for a in archives
+        ):
+            raise PackageError("aot_compile'd module data is damaged: not a list of bytes")
+        return cls(model, [AOTCompiledFunction.deserialize(a) for a in archives])
+
+
+def aot_compile_module(model: torch.nn.Module, inputs: list[ModelInput], backend) -> AOTCompiledModel:
+    """Compile ``model``'s forward ahead of time once per :class:`ModelInput`."""
+    require_aot_compile_enabled()
+    results = []
+    for model_input in inputs:
+        log.info("aot_compile of %s for %s", type(model).__qualname__, model_input)
+        with contextlib.ExitStack() as stack:
+            for ctx in model_input.contexts:
+                stack.enter_context(ctx)
+            results.append(
+                aot_compile_fullgraph(
+                    model.forward, backend, (model_input.args, model_input.kwargs)
+                )
+            )
+    return AOTCompiledModel(model, results)
