@@ -287,6 +287,38 @@ class TestCInterpreterSerialization(torch._dynamo.test_case.TestCase):
         with self.assertRaisesRegex(ValueError, message):
             CInterpreter.deserialize(text)
 
+    @requires_extension
+    def test_present_right_after_import_torch(self):
+        # A fresh interpreter that imports nothing private: the methods are
+        # there, as upstream binds them in torch._C.
+        script = textwrap.dedent(
+            """
+            import sys
+            import torch
+            from torch._C._functorch import CInterpreter
+            print(hasattr(CInterpreter, "serialize"), hasattr(CInterpreter, "deserialize"))
+            torch._C._functorch._vmap_increment_nesting(4, "same")
+            try:
+                text = torch._C._functorch.peek_interpreter_stack().serialize()
+            finally:
+                torch._C._functorch._vmap_decrement_nesting()
+            restored = CInterpreter.deserialize(text)
+            print(restored.key(), restored.level(), restored.serialize() == text)
+            """
+        )
+        safe_path = ["-P"] if sys.flags.safe_path else []
+        proc = subprocess.run(
+            [sys.executable, *safe_path, "-c", script], capture_output=True, text=True
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertExpectedInline(
+            proc.stdout,
+            """\
+True True
+TransformType.Vmap 1 True
+""",
+        )
+
     def test_missing_extension_names_the_make_target(self):
         # A fresh interpreter in which the compiled module cannot be found.
         script = textwrap.dedent(
