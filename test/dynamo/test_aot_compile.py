@@ -120,6 +120,171 @@ print("REPORT" + json.dumps({{
 """
 
 
+CUSTOM_BACKEND_MODULE = """
+import pickle
+import torch
+from torch._dynamo.aot_compile_types import SerializableCallable
+
+class ReplayGraph(SerializableCallable):
+    # Runs the Dynamo graph; counts how often an instance was loaded from bytes.
+    loaded = 0
+
+    def __init__(self, graph_module):
+        self.graph_module = graph_module
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn):
+        return pickle.dumps(torch.fx.GraphModule(fn.graph_module, fn.graph_module.graph))
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data):
+        cls.loaded += 1
+        return cls(pickle.loads(data))
+
+    def __call__(self, *args):
+        return self.graph_module(*args)
+
+def replay_backend(gm, example_inputs):
+    return ReplayGraph(gm)
+
+def fn(x, y):
+    return torch.sin(x) * y + 1
+"""
+
+
+SAVE_CUSTOM = """
+import sys, torch
+sys.path.insert(0, {dir!r})
+import custom_backend
+x = torch.randn(4)
+if {mode!r} == "aot_compile":
+    with torch._dynamo.config.patch("enable_aot_compile", True):
+        compiled = torch.compile(
+            custom_backend.fn, fullgraph=True, backend=custom_backend.replay_backend
+        ).aot_compile(((x, x), {{}}))
+    compiled.save_compiled_function({path!r})
+else:
+    compiled = torch.compile(
+        custom_backend.fn, backend=custom_backend.replay_backend, package={path!r}
+    )
+    compiled(x, x)
+    compiled.save_package()
+"""
+
+
+LOAD_CUSTOM = """
+import json, sys, torch
+sys.path.insert(0, {dir!r})
+import custom_backend
+from torch._dynamo.utils import counters
+x = torch.randn(4)
+with torch.compiler.set_stance("fail_on_recompile"):
+    if {mode!r} == "aot_compile":
+        loaded = torch.compiler.load_compiled_function({path!r})
+    else:
+        loaded = torch.compile(
+            custom_backend.fn, backend=custom_backend.replay_backend, package={path!r}
+        )
+        loaded.load_package()
+    out = loaded(x, x)
+print("REPORT" + json.dumps({{
+    "same": bool(torch.allclose(out, custom_backend.fn(x, x))),
+    "graphs_loaded": custom_backend.ReplayGraph.loaded,
+    "traced_graphs": counters["stats"]["unique_graphs"],
+}}))
+"""
+
+
+LOCAL_FUNCTION_SAVE = """
+import torch
+
+def make():
+    def scaled_sum(x, y):
+        return x * 3 + y
+    return scaled_sum
+
+with torch._dynamo.config.patch("enable_aot_compile", True):
+    compiled = torch.compile(make(), fullgraph=True, backend="eager").aot_compile(
+        ((torch.ones(2), torch.ones(2)), {{}})
+    )
+compiled.save_compiled_function({path!r})
+"""
+
+
+LOCAL_FUNCTION_LOAD = """
+import torch
+from torch._dynamo.exc import PackageError
+try:
+    torch.compiler.load_compiled_function({path!r})
+except PackageError as e:
+    print(e)
+"""
+
+
+MODULE_ENTRY_POINTS_SAVE = """
+import sys, torch
+sys.path.insert(0, {dir!r})
+import aot_models
+from torch._dynamo.aot_compile import ModelInput
+m, x = aot_models.make()
+torch._dynamo.config.enable_aot_compile = True
+compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+compiled._aot_compile([
+    ModelInput((x,), {{}}, []),
+    ModelInput((torch.randn(5, 8),), {{}}, [torch.no_grad()]),
+])
+data = compiled._save_aot_compiled_module({path!r})
+assert open({path!r}, "rb").read() == data
+"""
+
+
+MODULE_ENTRY_POINTS_LOAD = """
+import json, sys, torch
+sys.path.insert(0, {dir!r})
+import aot_models
+from torch._dynamo.utils import counters
+m, x = aot_models.make()
+torch._dynamo.config.enable_aot_compile = True
+compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+with torch.compiler.set_stance("fail_on_recompile"):
+    compiled._load_aot_compiled_module(open({path!r}, "rb").read())
+    out = compiled(x)
+    with torch.no_grad():
+        x5 = torch.randn(5, 8)
+        out5 = compiled(x5)
+    try:
+        compiled(x5)  # grad mode: neither compiled input accepts it
+        rejected = None
+    except RuntimeError as e:
+        rejected = "guards reject" in str(e)
+print("REPORT" + json.dumps({{
+    "forward": type(compiled.forward).__name__,
+    "same": bool(torch.allclose(out, m(x))),
+    "same_no_grad": bool(torch.allclose(out5, m(x5))),
+    "grad_mode_rejected": rejected,
+    "traced_graphs": counters["stats"]["unique_graphs"],
+}}))
+"""
+
+
+class NotSerializable:
+    """A backend output that does not follow the SerializableCallable protocol."""
+
+    def __init__(self, gm):
+        self.gm = gm
+
+    def __call__(self, *args):
+        return self.gm(*args)
+
+
+def not_serializable_backend(gm, example_inputs):
+    return NotSerializable(gm)
+
+
+def add_one_and_double(x):
+    return (x + 1) * 2
+
+
 class TestAOTCompile(torch._dynamo.test_case.TestCase):
     def setUp(self):
         super().setUp()
@@ -186,6 +351,171 @@ class TestAOTCompile(torch._dynamo.test_case.TestCase):
         compiled = torch.compile(lambda x: x + 1, fullgraph=True, backend="eager")
         with self.assertRaisesRegex(RuntimeError, "enable_aot_compile"):
             compiled.aot_compile(((torch.ones(2),), {}))
+
+    def report(self, out):
+        return json.loads(out.split("REPORT", 1)[1])
+
+    @parametrize("mode", ["aot_compile", "package"])
+    def test_custom_backend_serializable_callable_loads_in_fresh_process(self, mode):
+        (self.tmp / "custom_backend.py").write_text(CUSTOM_BACKEND_MODULE)
+        path = str(self.tmp / "custom_fn")
+        self.run_script(SAVE_CUSTOM.format(dir=str(self.tmp), path=path, mode=mode))
+        out = self.run_script(LOAD_CUSTOM.format(dir=str(self.tmp), path=path, mode=mode))
+        self.assertEqual(
+            self.report(out), {"same": True, "graphs_loaded": 1, "traced_graphs": 0}
+        )
+
+    def test_aot_compile_refuses_a_backend_output_that_is_not_serializable(self):
+        with torch._dynamo.config.patch("enable_aot_compile", True):
+            with self.assertRaisesRegex(
+                RuntimeError,
+                r"^Compiled function type <class '.*NotSerializable'> \(produced from "
+                r"backend <function not_serializable_backend at 0x\w+>\) does not "
+                r"implement SerializableCallable\.",
+            ):
+                torch.compile(
+                    add_one_and_double, fullgraph=True, backend=not_serializable_backend
+                ).aot_compile(((torch.ones(2),), {}))
+
+    def test_package_leaves_out_a_backend_output_that_is_not_serializable(self):
+        compiled = torch.compile(
+            add_one_and_double,
+            backend=not_serializable_backend,
+            package=str(self.tmp / "not_serializable"),
+        )
+        self.assertEqual(compiled(torch.ones(2)), torch.full((2,), 4.0))
+        with self.assertWarnsRegex(UserWarning, "does not implement SerializableCallable"):
+            compiled.save_package()
+        self.assertEqual(
+            json.loads((self.tmp / "not_serializable" / "manifest.json").read_text())["entries"], 0
+        )
+        with torch._dynamo.config.patch("strict_precompile", True):
+            with self.assertRaisesRegex(PackageError, "does not implement SerializableCallable"):
+                compiled.save_package()
+
+    def test_serializable_callable_class_in_a_local_scope_cannot_be_saved(self):
+        from torch._dynamo.aot_compile_types import GraphModuleSerializableCallable
+
+        class LocalReplay(GraphModuleSerializableCallable):
+            pass
+
+        with torch._dynamo.config.patch("enable_aot_compile", True):
+            compiled = torch.compile(
+                add_one_and_double,
+                fullgraph=True,
+                backend=lambda gm, example_inputs: LocalReplay(gm),
+            ).aot_compile(((torch.ones(2),), {}))
+        self.assertEqual(compiled(torch.ones(2)), torch.full((2,), 4.0))
+        with self.assertWarns(UserWarning), self.assertRaisesRegex(
+            PackageError, "LocalReplay of backend '<lambda>' cannot be imported by name: define it at module level"
+        ):
+            compiled.save_compiled_function(str(self.tmp / "local_class.pt"))
+
+    def test_graph_module_serializable_callable_round_trip(self):
+        from torch._dynamo.aot_compile_types import GraphModuleSerializableCallable
+
+        path = str(self.tmp / "graph_module.pt")
+        with torch._dynamo.config.patch("enable_aot_compile", True):
+            torch.compile(
+                add_one_and_double,
+                fullgraph=True,
+                backend=lambda gm, example_inputs: GraphModuleSerializableCallable(gm),
+            ).aot_compile(((torch.ones(3),), {})).save_compiled_function(path)
+        loaded = torch.compiler.load_compiled_function(path)
+        x = torch.randn(3)
+        self.assertEqual(loaded(x), add_one_and_double(x))
+
+    def test_local_function_loads_where_it_is_alive(self):
+        def scaled_sum(x, y):
+            return x * 3 + y
+
+        path = str(self.tmp / "local_fn.pt")
+        with torch._dynamo.config.patch("enable_aot_compile", True):
+            torch.compile(scaled_sum, fullgraph=True, backend="eager").aot_compile(
+                ((torch.ones(2), torch.ones(2)), {})
+            ).save_compiled_function(path)
+        torch._dynamo.reset()
+        with torch.compiler.set_stance("fail_on_recompile"):
+            loaded = torch.compiler.load_compiled_function(path)
+            x, y = torch.randn(2), torch.randn(2)
+            self.assertEqual(loaded(x, y), scaled_sum(x, y))
+
+    def test_local_function_is_a_package_error_in_a_process_without_it(self):
+        path = str(self.tmp / "local_fn.pt")
+        self.run_script(LOCAL_FUNCTION_SAVE.format(path=path))
+        out = self.run_script(LOCAL_FUNCTION_LOAD.format(path=path))
+        self.assertExpectedInline(
+            out.replace(path, "<path>"),
+            """\
+<path> was compiled from make.<locals>.scaled_sum in module __main__, which cannot be found in this process: it is defined in a local scope, so it loads only where that function exists (define it at module level to load it anywhere)
+""",
+        )
+
+    def test_local_function_with_several_live_closures_is_ambiguous(self):
+        def make(scale):
+            def scaled(x):
+                return x * scale
+
+            return scaled
+
+        by_two, by_three = make(2), make(3)
+        path = str(self.tmp / "closure.pt")
+        with torch._dynamo.config.patch("enable_aot_compile", True):
+            torch.compile(by_two, fullgraph=True, backend="eager").aot_compile(
+                ((torch.ones(2),), {})
+            ).save_compiled_function(path)
+        with self.assertRaisesRegex(PackageError, "2 live functions of that name"):
+            torch.compiler.load_compiled_function(path)
+        del by_three
+        loaded = torch.compiler.load_compiled_function(path)
+        self.assertEqual(loaded(torch.ones(2)), torch.full((2,), 2.0))
+
+    def test_aot_compile_under_fail_on_recompile_compiles(self):
+        def fn(x):
+            return x.cos() + 1
+
+        with torch.compiler.set_stance("fail_on_recompile"), torch._dynamo.config.patch(
+            "enable_aot_compile", True
+        ):
+            compiled = torch.compile(fn, fullgraph=True, backend="eager").aot_compile(
+                ((torch.ones(3),), {})
+            )
+            x = torch.randn(3)
+            self.assertEqual(compiled(x), fn(x))
+            # The stance still holds for everything else.
+            with self.assertRaisesRegex(RuntimeError, "Detected recompile"):
+                torch.compile(fn, backend="eager")(x)
+
+    def test_module_entry_points_save_and_load_in_fresh_process(self):
+        (self.tmp / "aot_models.py").write_text(MODEL_MODULE)
+        path = str(self.tmp / "module.bin")
+        self.run_script(MODULE_ENTRY_POINTS_SAVE.format(dir=str(self.tmp), path=path))
+        out = self.run_script(MODULE_ENTRY_POINTS_LOAD.format(dir=str(self.tmp), path=path))
+        self.assertEqual(
+            self.report(out),
+            {
+                "forward": "AOTCompiledModel",
+                "same": True,
+                "same_no_grad": True,
+                "grad_mode_rejected": True,
+                "traced_graphs": 0,
+            },
+        )
+
+    def test_module_entry_points_need_fullgraph_and_opt_in(self):
+        from torch._dynamo.aot_compile import ModelInput
+
+        m, x = torch.nn.Linear(2, 2), torch.randn(1, 2)
+        inputs = [ModelInput((x,), {}, [])]
+        with self.assertRaisesRegex(RuntimeError, "AOT Compile is not enabled"):
+            torch.compile(m, fullgraph=True, backend="eager")._aot_compile(inputs)
+        with torch._dynamo.config.patch("enable_aot_compile", True):
+            with self.assertRaisesRegex(RuntimeError, r"Please use torch.compile\(fullgraph=True\)"):
+                torch.compile(m, backend="eager")._aot_compile(inputs)
+            with self.assertRaisesRegex(RuntimeError, "no ahead-of-time compiled forward"):
+                torch.compile(m, fullgraph=True, backend="eager")._save_aot_compiled_module()
+            with self.assertRaises(PackageError):
+                torch.compile(m, fullgraph=True, backend="eager")._load_aot_compiled_module(b"junk")
 
     def test_damaged_file_is_a_package_error(self):
         path = self.tmp / "broken.pt"

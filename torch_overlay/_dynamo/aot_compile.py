@@ -221,7 +221,7 @@ def _compile_fullgraph(fn, backend, args, kwargs) -> CompilePackage:
     return package
 
 
-def _check_custom_backend_output(package: CompilePackage, backend) -> None:
+def _check_custom_backend_output(package: CompilePackage) -> None:
     """Refuse, as upstream does at compile time, a backend whose compiled graph
     cannot be saved (see NOTE: [Custom backend artifacts] in package.py)."""
     from torch._dynamo.aot_compile_types import SerializableCallable
@@ -233,7 +233,7 @@ def _check_custom_backend_output(package: CompilePackage, backend) -> None:
         if not isinstance(record.compiled, SerializableCallable):
             raise RuntimeError(
                 f"Compiled function type {type(record.compiled)} (produced from backend "
-                f"{backend}) does not implement SerializableCallable. aot_compile saves "
+                f"{recording.compiler_fn}) does not implement SerializableCallable. aot_compile saves "
                 "a custom backend's graphs through "
                 "torch._dynamo.aot_compile_types.SerializableCallable: return an "
                 "instance of a subclass of it from the backend"
@@ -259,7 +259,7 @@ def aot_compile_fullgraph(fn, backend, example_inputs) -> AOTCompiledFunction:
     if not isinstance(fn, types.FunctionType):
         raise TypeError(f"aot_compile needs a Python function or an nn.Module, not {fn!r}")
     package = _compile_fullgraph(fn, backend, args, kwargs)
-    _check_custom_backend_output(package, backend)
+    _check_custom_backend_output(package)
     if len(package.entries) != 1:
         reasons = "; ".join(package._unsaveable) or "no entry was recorded"
         raise PackageError(f"aot_compile of {fn.__qualname__} failed: {reasons}")
