@@ -32,9 +32,13 @@ the refusal policy (:data:`UNSUPPORTED_SERIALIZATION_GUARD_TYPES`,
 #   * tensors become small real tensors with the same dtype, device,
 #     requires_grad, Python type and dispatch keys (sizes and strides are saved
 #     separately, as TENSOR_MATCH takes them explicitly);
-#   * other guarded objects become instances of their (named) class created
-#     without running ``__init__``, with a ``__dict__`` that has the same keys
-#     and only the values the guards read;
+#   * other guarded objects become instances of their class created without
+#     running ``__init__``, with a ``__dict__`` that has the same keys and only
+#     the values the guards read; a class with no stable name is rebuilt as a
+#     stand-in class (see NOTE: [Classes defined in local scope]);
+#   * traceable tensor subclasses are rebuilt with ``__tensor_unflatten__`` from
+#     their flatten context and stand-ins of their inner tensors (see NOTE:
+#     [Tensor subclass stand-ins]); dict views view a rebuilt dict;
 #   * everything reachable but not guarded becomes a placeholder, so unpicklable
 #     bystanders (locks, generators, process groups...) never break a save.
 #
@@ -71,7 +75,8 @@ log = logging.getLogger(__name__)
 
 # 2: tensor stand-ins carry their functorch wrapper; the global state carries
 # the thread-local dispatch key sets.
-GUARDS_STATE_FORMAT_VERSION = 2
+# 3: stand-ins of local classes, tensor subclasses and dict views.
+GUARDS_STATE_FORMAT_VERSION = 3
 
 # Guard types refused whatever the guarded value: they have no meaning in another
 # process. Every other guard type serializes, or is refused for a specific value
@@ -80,7 +85,6 @@ UNSUPPORTED_SERIALIZATION_GUARD_TYPES: tuple[str, ...] = (
     "DATA_PTR_MATCH",
     "WEAKREF_ALIVE",
     "OBJECT_MUTATION",
-    "TENSOR_SUBCLASS_METADATA_MATCH",
 )
 
 SERIALIZATION_REFUSAL_REASONS: dict[str, str] = {
@@ -95,8 +99,9 @@ SERIALIZATION_REFUSAL_REASONS: dict[str, str] = {
         "it watches a live object for mutation in this process"
     ),
     "TENSOR_SUBCLASS_METADATA_MATCH": (
-        "tensor subclass metadata is checked by a closure over the live subclass "
-        "instance; pass plain tensors to the compiled region"
+        "for tensor subclasses defined in local scope: the metadata check calls the "
+        "subclass's own __tensor_flatten__ / __metadata_guard__, so the class must "
+        "be found again by name; define it at global scope"
     ),
     "DICT_VERSION": (
         "it guards on a dict's version tag, which is per process (the dict of "
@@ -107,14 +112,19 @@ SERIALIZATION_REFUSAL_REASONS: dict[str, str] = {
         "class, builtin, module attribute): define it at module scope or pass it "
         "as an input"
     ),
+    "TYPE_MATCH": (
+        "when the class is defined in local scope: the guard compares the class "
+        "itself, which another process cannot find by name (raised as "
+        "LocalScopeTypeError, a PackageError that is also a TypeError)"
+    ),
     "NN_MODULE": (
         "when the module instance is not reachable from a module by name: keep "
         "torch._dynamo.config.inline_inbuilt_nn_modules=True (the default) so "
         "modules are guarded by their attributes, not by identity"
     ),
     "TENSOR_MATCH": (
-        "for tensor subclasses other than nn.Parameter and for tensors whose "
-        "dispatch keys a plain tensor cannot reproduce (sparse, nested, ...)"
+        "for tensor subclasses defined in local scope and for tensors whose "
+        "dispatch keys a stand-in tensor cannot reproduce (sparse, nested, ...)"
     ),
     "SHAPE_ENV": (
         "with torch._dynamo.config.enable_cpp_symbolic_shape_guards, which needs "
@@ -167,11 +177,45 @@ _IMPORTABLE_AT_LOAD = frozenset(
 )
 
 
+class LocalScopeTypeError(PackageError, TypeError):
+    """A guard needs the identity of a class defined in local scope.
+
+    Upstream raises a TypeError for this case (a class another process cannot
+    find by name); it is also a PackageError here, so code catching either
+    works.
+    """
+
+
+# NOTE: [Refusal messages]
+# Every refusal starts with upstream's sentence "<GUARD_TYPE> guard cannot be
+# serialized." so code and tests written against upstream keep matching; our
+# detail follows: the guarded source, why, and what to do instead.
+
+
 def refusal_message(guard_type: str, source_name: str, detail: str = "") -> str:
     reason = detail or SERIALIZATION_REFUSAL_REASONS.get(guard_type, "")
+    parts = [f"{guard_type} guard cannot be serialized."]
+    if source_name:
+        parts.append(f"Guarded source: {source_name}.")
+    if reason:
+        reason = reason[0].upper() + reason[1:]
+        parts.append(reason if reason.endswith(".") else f"{reason}.")
+    return " ".join(parts)
+
+
+def local_class_detail(cls: type) -> str:
+    """Why a guard on ``cls`` (a class defined in local scope) cannot be saved."""
     return (
-        f"{guard_type} guard on {source_name or '<global>'} cannot be serialized"
-        + (f": {reason}" if reason else "")
+        f"Type {cls!r} cannot be saved into a torch.compile() package since it's "
+        f"defined in local scope ({cls.__qualname__}). Please define the class at "
+        "global scope (top level of a module): a class defined at module scope is "
+        "found again by its name"
+    )
+
+
+def local_class_refusal(guard_type: str, source_name: str, cls: type) -> LocalScopeTypeError:
+    return LocalScopeTypeError(
+        refusal_message(guard_type, source_name, local_class_detail(cls))
     )
 
 
@@ -196,10 +240,25 @@ class _NamedRef:
 
 
 @dataclasses.dataclass
-class _ObjectStandIn:
-    """An instance of a named class, rebuilt without running its ``__init__``."""
+class _LocalClassStandIn:
+    """A class with no stable name (defined in local scope): rebuilt as a class of
+    the same name over the same named bases, with the same attribute names (see
+    NOTE: [Classes defined in local scope])."""
 
-    cls: _NamedRef
+    module: str
+    qualname: str
+    name: str
+    # _NamedRef or _LocalClassStandIn per base, in order
+    bases: tuple
+    attribute_names: tuple
+    slots: Optional[tuple] = None
+
+
+@dataclasses.dataclass
+class _ObjectStandIn:
+    """An instance of a class, rebuilt without running its ``__init__``."""
+
+    cls: Any  # _NamedRef or _LocalClassStandIn
     state: dict
     slots: Optional[dict] = None
 
@@ -231,6 +290,32 @@ class _TensorStandIn:
     functorch_wrapper: Optional[str] = None
     # made under inference_mode: no autograd dispatch keys
     is_inference: bool = False
+    # A tensor subclass without __tensor_flatten__ (the stand-in is
+    # ``as_subclass`` of a plain one): the class by name.
+    subclass: Optional[_NamedRef] = None
+
+
+@dataclasses.dataclass
+class _WrapperSubclassStandIn:
+    """A traceable wrapper tensor subclass (``__tensor_flatten__`` /
+    ``__tensor_unflatten__``), see NOTE: [Tensor subclass stand-ins]."""
+
+    cls: _NamedRef
+    # inner attribute name -> _TensorStandIn / _WrapperSubclassStandIn
+    inner: dict
+    # the flatten context (what TENSOR_SUBCLASS_METADATA_MATCH compares)
+    ctx: Any
+    ndim: int
+    attrs: dict
+
+
+@dataclasses.dataclass
+class _DictViewStandIn:
+    """``d.keys()``, ``d.values()`` or ``d.items()`` (``kind``) of a rebuilt dict."""
+
+    kind: str
+    items: dict
+    ordered: bool
 
 
 @dataclasses.dataclass
@@ -340,6 +425,19 @@ _CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, type(Ellip
 
 # Classes whose own __new__ makes an empty instance without side effects.
 _SAFE_NEW_TYPES = (types.SimpleNamespace,)
+_SAFE_NEWS = tuple(t.__new__ for t in _SAFE_NEW_TYPES)
+
+
+class _LocalClassAttribute:
+    """The value of every attribute of a rebuilt local class (see NOTE: [Classes
+    defined in local scope]): present, so ``hasattr`` agrees, and never read by
+    a guard (the values guards read are recorded by their source)."""
+
+    def __repr__(self) -> str:
+        return "<attribute of a class defined in local scope>"
+
+
+_LOCAL_CLASS_ATTRIBUTE = _LocalClassAttribute()
 
 
 def _is_constant(value) -> bool:
@@ -368,6 +466,41 @@ def _resolve_path(root, path: str):
     return obj
 
 
+# NOTE: [Functions reached through __wrapped__]
+# A decorator built with functools.wraps binds the module-level name to the
+# wrapper, whose ``__wrapped__`` is the original function (which keeps its own
+# ``__module__`` and ``__qualname__``). A guard on the original (FUNCTION_MATCH
+# on ``L['fn'].__code__`` when the wrapper is the compiled frame) names it by
+# the wrapper's name plus ``.__wrapped__``, once per decorator.
+_MAX_WRAPPED_DEPTH = 8
+
+
+def _wrapped_path(named, obj) -> Optional[str]:
+    """``".__wrapped__"`` repeated as often as it takes to get from ``named`` to
+    ``obj``, or None."""
+    path = ""
+    for _ in range(_MAX_WRAPPED_DEPTH):
+        attrs = getattr(named, "__dict__", None)
+        if not isinstance(attrs, dict) or "__wrapped__" not in attrs:
+            return None
+        named = attrs["__wrapped__"]
+        path += ".__wrapped__"
+        if named is obj:
+            return path
+    return None
+
+
+_LAST_ACCESS = re.compile(r"(?:\.\w+|\[[^\[\]]*\]|\(\))$")
+
+
+def _parent_source_name(name: str) -> Optional[str]:
+    """``L['m']._modules['lin']`` -> ``L['m']._modules``; None at the root."""
+    match = _LAST_ACCESS.search(name)
+    if match is None or match.start() == 0:
+        return None
+    return name[: match.start()]
+
+
 def find_stable_name(
     obj, source=None, global_module: Optional[str] = None, recorded_values=None
 ):
@@ -389,10 +522,14 @@ def find_stable_name(
     if isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname:
         if module in sys.modules:
             try:
-                if _resolve_path(sys.modules[module], qualname) is obj:
-                    return _NamedRef(module, qualname)
+                named = _resolve_path(sys.modules[module], qualname)
             except Exception:
-                pass
+                named = None
+            if named is obj:
+                return _NamedRef(module, qualname)
+            wrapped_path = _wrapped_path(named, obj)
+            if wrapped_path is not None:
+                return _NamedRef(module, f"{qualname}{wrapped_path}")
     objclass = getattr(obj, "__objclass__", None)
     name = getattr(obj, "__name__", None)
     if isinstance(objclass, type) and isinstance(name, str):
@@ -507,16 +644,49 @@ class GuardSerializationRecorder:
         self.keep_alive.append(value)
 
 
+def guard_type_names(guard) -> list[str]:
+    """The guard's own type and the ones its builder method ran (SEQUENCE_LENGTH
+    runs TYPE_MATCH...), outermost first."""
+    create_fn = guard.create_fn
+    while isinstance(create_fn, functools.partial):
+        create_fn = create_fn.func
+    names = [create_fn.__name__]
+    names.extend(n for n in (guard.guard_types or ()) if n not in names)
+    return names
+
+
 class _StandInConverter:
     """Converts recorded values into stand-ins (see NOTE: [Guard serialization ...])."""
 
-    def __init__(self, recorder: GuardSerializationRecorder) -> None:
+    def __init__(self, recorder: GuardSerializationRecorder, guards=()) -> None:
         self.recorder = recorder
         self.memo: dict[int, Any] = {}
         self.recorded_ids = {id(v) for v in recorder.values.values()}
+        # source name -> the guard types built on it, to name them in refusals
+        self.guard_types_by_name: dict[str, list[str]] = {}
+        for guard in guards:
+            types_here = self.guard_types_by_name.setdefault(guard.name, [])
+            types_here.extend(n for n in guard_type_names(guard) if n not in types_here)
 
     def path_of(self, obj, fallback: str) -> str:
         return self.recorder.sources.get(id(obj), fallback)
+
+    def guard_type_at(self, path: str, prefer=()) -> str:
+        """The guard type to name in a refusal for a value at ``path``: one built
+        on ``path`` (``prefer``-red types first), else on the closest source that
+        ``path`` is reached from."""
+        name = path
+        while True:
+            types_here = self.guard_types_by_name.get(name)
+            if types_here:
+                return next((t for t in prefer if t in types_here), types_here[0])
+            parent = _parent_source_name(name)
+            if parent is None:
+                return prefer[0] if prefer else "TYPE_MATCH"
+            name = parent
+
+    def refusal(self, path: str, detail: str, prefer=()) -> PackageError:
+        return PackageError(refusal_message(self.guard_type_at(path, prefer), path, detail))
 
     def convert(self, obj, path: str, guarded: bool):
         """``guarded``: the builder read this value, so it must be faithful."""
@@ -533,6 +703,8 @@ class _StandInConverter:
                 obj, source, self.recorder.global_module, self.recorder.values
             )
             if ref is None:
+                if _is_local_class(obj):
+                    raise local_class_refusal(guard_type, source_name, obj)
                 what = type(obj).__qualname__
                 raise PackageError(
                     refusal_message(
@@ -625,6 +797,13 @@ class _StandInConverter:
             return _RangeIteratorStandIn(rng.start, rng.stop, rng.step, index)
         if isinstance(obj, torch._C.DispatchKeySet):
             return _DispatchKeySetStandIn(_key_set_names(obj))
+        if type(obj) in _DICT_VIEW_KINDS and guarded:
+            kind, ordered = _DICT_VIEW_KINDS[type(obj)]
+            view = _DictViewStandIn(kind, {}, ordered)
+            self.memo[key] = view
+            for k, v in obj.mapping.items():
+                view.items[self._key(k, path)] = self._child(v, f"{path}[{k!r}]", True)
+            return view
         if not guarded:
             return _Placeholder(type(obj).__qualname__)
         ref = find_stable_name(obj) if hasattr(obj, "__qualname__") else None
@@ -633,7 +812,7 @@ class _StandInConverter:
             self.memo[key] = ref
             return ref
         if isinstance(obj, tuple):
-            cls_ref = find_stable_name(type(obj))
+            cls_ref = self._class_ref(type(obj))
             if cls_ref is None:
                 return self._unnamed(obj, path, guarded)
             out_t = _TupleSubclassStandIn(cls_ref, ())
@@ -659,17 +838,65 @@ class _StandInConverter:
         if (hasattr(obj, "__dict__") or hasattr(type(obj), "__slots__")) and not isinstance(obj, type):
             return self._object(obj, path)
         if guarded:
-            raise PackageError(
-                f"guarded value {path} (a {type(obj).__qualname__}) cannot be "
-                "serialized; guard on something else or keep it out of the compiled region"
+            raise self.refusal(
+                path,
+                f"the guarded value (a {type(obj).__qualname__}) cannot be "
+                "serialized; guard on something else or keep it out of the compiled region",
             )
         return _Placeholder(type(obj).__qualname__)
+
+    def _class_ref(self, cls):
+        """A class by name, or the stand-in of a class defined in local scope."""
+        ref = find_stable_name(cls)
+        if ref is None and _is_local_class(cls):
+            return self._local_class(cls)
+        return ref
+
+    def _local_class(self, cls):
+        """See NOTE: [Classes defined in local scope]."""
+        if id(cls) in self.memo:
+            return self.memo[id(cls)]
+        own = vars(cls)
+        slots = own.get("__slots__")
+        if slots is not None:
+            slots = (slots,) if isinstance(slots, str) else tuple(slots)
+        stand_in = _LocalClassStandIn(
+            module=cls.__module__,
+            qualname=cls.__qualname__,
+            name=cls.__name__,
+            bases=(),
+            attribute_names=tuple(
+                sorted(
+                    name
+                    for name in own
+                    if not (name.startswith("__") and name.endswith("__"))
+                    and name not in (slots or ())
+                )
+            ),
+            slots=slots,
+        )
+        self.memo[id(cls)] = stand_in
+        bases = []
+        for base in cls.__bases__:
+            base_ref = self._class_ref(base)
+            if base_ref is None:
+                raise PackageError(
+                    f"class {cls.__qualname__} (defined in local scope) cannot be "
+                    f"rebuilt: its base {base!r} has no stable name"
+                )
+            bases.append(base_ref)
+        stand_in.bases = tuple(bases)
+        return stand_in
 
     def _source_for(self, obj):
         entry = self.recorder.identity.get(id(obj))
         return entry[2] if entry else None
 
     def _unnamed(self, obj, path, guarded):
+        if _is_local_class(obj):
+            # Read as a value (HASATTR on a class...), never compared by identity:
+            # identity guards were refused in convert().
+            return self._local_class(obj)
         if isinstance(obj, types.FunctionType):
             return _FunctionStandIn(
                 obj.__name__,
@@ -686,9 +913,10 @@ class _StandInConverter:
             # recorded); an identity guard on it is refused where it is required.
             return _Placeholder(type(obj).__qualname__)
         if guarded:
-            raise PackageError(
-                f"guarded value {path} ({obj!r:.80}) has no stable name in another "
-                "process; define it at module scope"
+            raise self.refusal(
+                path,
+                f"the guarded value ({obj!r:.80}) has no stable name in another "
+                "process; define it at module scope",
             )
         return _Placeholder(type(obj).__qualname__)
 
@@ -711,10 +939,13 @@ class _StandInConverter:
                         )
                     ),
                 )
+        if _is_local_class(k):
+            # Class keys are guarded by identity (ID_MATCH on the key).
+            raise local_class_refusal("ID_MATCH", f"a key of {path}", k)
         converted = self.convert(k, path, True)
         if isinstance(converted, (_NamedRef, _EnumStandIn, _DtypeStandIn, _DeviceStandIn, tuple, frozenset)):
             return converted if not isinstance(converted, _NamedRef) else ("__named__", converted.module, converted.path)
-        raise PackageError(f"dict key {k!r:.80} under {path} cannot be serialized")
+        raise self.refusal(path, f"its dict key {k!r:.80} cannot be serialized")
 
     def _child(self, value, path, parent_guarded):
         """A value held by a container or object: faithful only where needed."""
@@ -733,17 +964,28 @@ class _StandInConverter:
         return _Placeholder(type(value).__qualname__)
 
     def _tensor(self, t: torch.Tensor, path: str):
-        if type(t) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+        cls = type(t)
+        subclass_ref = None
+        if cls not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
             t, torch.nn.parameter.Buffer
         ):
-            raise PackageError(
-                refusal_message(
-                    "TENSOR_MATCH",
-                    path,
-                    f"tensor subclass {type(t).__qualname__} is not supported; pass "
-                    "a plain tensor",
+            subclass_guards = ("TENSOR_SUBCLASS_METADATA_MATCH", "TENSOR_MATCH")
+            subclass_ref = find_stable_name(cls)
+            if subclass_ref is None and _is_local_class(cls):
+                raise local_class_refusal(
+                    self.guard_type_at(path, subclass_guards), path, cls
                 )
-            )
+            if subclass_ref is None:
+                raise self.refusal(
+                    path,
+                    f"tensor subclass {cls.__qualname__} has no stable name in "
+                    "another process",
+                    subclass_guards,
+                )
+            if is_traceable_wrapper_subclass(t):
+                return self._wrapper_subclass(t, path, subclass_ref)
         stand_in = _TensorStandIn(
             dtype=str(t.dtype).replace("torch.", ""),
             device=str(t.device),
@@ -751,44 +993,81 @@ class _StandInConverter:
             is_parameter=isinstance(t, torch.nn.Parameter),
             conj=bool(t.is_conj()),
             neg=bool(t.is_neg()),
-            attrs={
-                k: self.convert(v, f"{path}.{k}", True)
-                for k, v in vars(t).items()
-                if k.startswith("_dynamo_")
-            },
+            attrs=self._tensor_attrs(t, path),
             dispatch_keys=_dispatch_key_names(t),
             ndim=t.dim(),
             functorch_wrapper=_functorch_wrapper_kind(t),
             is_inference=bool(t.is_inference()),
+            subclass=subclass_ref,
         )
-        proxy = _make_tensor(stand_in)
-        reproduced = (_dispatch_key_names(proxy), bool(proxy.requires_grad))
-        if reproduced != (stand_in.dispatch_keys, stand_in.requires_grad):
-            raise PackageError(
-                refusal_message(
-                    "TENSOR_MATCH",
-                    path,
-                    f"its dispatch keys {stand_in.dispatch_keys} (requires_grad="
-                    f"{stand_in.requires_grad}) cannot be reproduced by a stand-in "
-                    f"tensor ({reproduced[0]}, requires_grad={reproduced[1]}); "
-                    "sparse, nested and quantized inputs are not supported",
-                )
-            )
+        self._check_reproduced(t, _make_tensor(stand_in), path)
         self.memo[id(t)] = stand_in
         return stand_in
 
+    def _tensor_attrs(self, t: torch.Tensor, path: str) -> dict:
+        return {
+            k: self.convert(v, f"{path}.{k}", True)
+            for k, v in vars(t).items()
+            if k.startswith("_dynamo_")
+        }
+
+    def _wrapper_subclass(self, t: torch.Tensor, path: str, cls_ref: _NamedRef):
+        """See NOTE: [Tensor subclass stand-ins]."""
+        inner_names, ctx = t.__tensor_flatten__()
+        stand_in = _WrapperSubclassStandIn(cls_ref, {}, None, t.dim(), {})
+        self.memo[id(t)] = stand_in
+        for name in inner_names:
+            stand_in.inner[name] = self.convert(getattr(t, name), f"{path}.{name}", True)
+        stand_in.ctx = self.convert(ctx, f"{path}.__tensor_flatten__()[1]", True)
+        stand_in.attrs = self._tensor_attrs(t, path)
+        try:
+            proxy = _Hydrator()(stand_in)
+        except Exception as e:
+            raise self.refusal(
+                path,
+                f"tensor subclass {type(t).__qualname__} cannot be rebuilt with "
+                f"__tensor_unflatten__ from stand-ins of its inner tensors ({e!r:.200})",
+                ("TENSOR_MATCH", "TENSOR_SUBCLASS_METADATA_MATCH"),
+            ) from e
+        self._check_reproduced(t, proxy, path)
+        return stand_in
+
+    def _check_reproduced(self, t: torch.Tensor, proxy: torch.Tensor, path: str) -> None:
+        """TENSOR_MATCH compares what it reads from the stand-in: it must agree."""
+
+        def seen(x):
+            return (
+                type(x).__qualname__,
+                _dispatch_key_names(x),
+                bool(x.requires_grad),
+                x.dtype,
+                x.device,
+            )
+
+        if seen(proxy) != seen(t):
+            raise self.refusal(
+                path,
+                f"a stand-in tensor cannot reproduce what the guard reads from it "
+                f"(type, dispatch keys, requires_grad, dtype, device): {seen(t)} "
+                f"became {seen(proxy)}; sparse, nested and quantized inputs are not "
+                "supported",
+                ("TENSOR_MATCH",),
+            )
+
     def _object(self, obj, path):
         cls = type(obj)
-        cls_ref = find_stable_name(cls)
+        cls_ref = self._class_ref(cls)
         if cls_ref is None:
-            raise PackageError(
-                f"guarded value {path} is an instance of {cls.__qualname__}, a class "
-                "with no stable name in another process; define the class at module scope"
+            raise self.refusal(
+                path,
+                f"it is an instance of {cls.__qualname__}, a class with no stable "
+                "name in another process; define the class at module scope",
             )
-        if cls.__new__ is not object.__new__ and cls not in _SAFE_NEW_TYPES:
-            raise PackageError(
-                f"guarded value {path} is an instance of {cls.__qualname__}, whose "
-                "custom __new__ cannot be replayed safely at load"
+        if cls.__new__ is not object.__new__ and cls.__new__ not in _SAFE_NEWS:
+            raise self.refusal(
+                path,
+                f"it is an instance of {cls.__qualname__}, whose custom __new__ "
+                "cannot be replayed safely at load",
             )
         stand_in = _ObjectStandIn(cls_ref, {})
         self.memo[id(obj)] = stand_in
@@ -807,6 +1086,59 @@ class _StandInConverter:
                 if hasattr(obj, name)
             }
         return stand_in
+
+
+# NOTE: [Classes defined in local scope]
+# A class defined inside a function (most tests and notebooks define their
+# nn.Module that way) has no name another process can resolve. Most guards on
+# its instances never need the class itself: HASATTR, NOT_PRESENT_IN_GENERIC_DICT,
+# EMPTY_NN_MODULE_HOOKS_DICT and the TENSOR_MATCH guards on a module's parameters
+# read the instance's attributes, and the builder only asks the instance
+# ``hasattr`` / ``__dict__`` / ``isinstance(.., nn.Module)`` questions. So the
+# class is saved as its name, its named bases and the names of its own class
+# attributes (and ``__slots__``), and rebuilt at load as a class with the same
+# bases whose attributes are placeholders: those questions get the same answers.
+# Guards that compare the class itself (TYPE_MATCH, ID_MATCH on the class, the
+# Python type TENSOR_MATCH checks) would compare against the rebuilt class: they
+# are refused with LocalScopeTypeError (upstream's TypeError, also a PackageError)
+# telling the user to define the class at global scope.
+#
+# NOTE: [Tensor subclass stand-ins]
+# A traceable wrapper subclass (``__tensor_flatten__`` / ``__tensor_unflatten__``,
+# e.g. TwoTensor) is guarded by TENSOR_MATCH on itself and on its inner tensors,
+# by an EQUALS_MATCH on its inner attribute names, and by
+# TENSOR_SUBCLASS_METADATA_MATCH, which compares the flatten context (through the
+# class's ``__metadata_guard__`` where it has one). All of these read the
+# subclass instance, not its data, so the stand-in is the class (by name)
+# unflattened from stand-ins of the inner tensors and the saved context, with
+# empty sizes: TENSOR_MATCH takes sizes and strides explicitly. A subclass
+# without ``__tensor_flatten__`` is a plain stand-in viewed ``as_subclass``.
+# The class must have a stable name: the guards run its own methods.
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created by a class statement
+
+
+def _is_local_class(obj) -> bool:
+    """A Python class with no stable name (defined in local scope, or created
+    with ``type()`` and never bound to its name), other than an Enum."""
+    return (
+        isinstance(obj, type)
+        and bool(obj.__flags__ & _HEAPTYPE)
+        and not issubclass(obj, enum.Enum)
+        and find_stable_name(obj) is None
+    )
+
+
+def _dict_view_kinds() -> dict:
+    kinds = {}
+    for mapping, ordered in (({}, False), (collections.OrderedDict(), True)):
+        for kind in ("keys", "values", "items"):
+            kinds[type(getattr(mapping, kind)())] = (kind, ordered)
+    return kinds
+
+
+_DICT_VIEW_KINDS = _dict_view_kinds()
 
 
 def _key_set_names(key_set) -> tuple:
@@ -851,7 +1183,16 @@ def _make_tensor(s: _TensorStandIn) -> torch.Tensor:
     # Made outside any live functorch layer (under one, factory functions return
     # wrapped tensors) and in the saved inference mode, wherever it is called.
     with torch._C._DisableFuncTorch(), torch.inference_mode(s.is_inference):
-        return _make_tensor_here(s)
+        t = _make_tensor_here(s)
+        if s.subclass is not None:
+            cls = resolve_name(s.subclass)
+            if not (isinstance(cls, type) and issubclass(cls, torch.Tensor)):
+                raise PackageError(
+                    f"tensor subclass {s.subclass.module}.{s.subclass.path}, which "
+                    "the saved guards check, cannot be found in this process"
+                )
+            t = t.as_subclass(cls)
+        return t
 
 
 def _make_tensor_here(s: _TensorStandIn) -> torch.Tensor:
@@ -1103,6 +1444,18 @@ def _strip_guard(guard):
     )
 
 
+def refuse_local_class_type_matches(guards, recorded_values: dict) -> None:
+    """TYPE_MATCH compares the class itself: refused for a class defined in local
+    scope (see NOTE: [Classes defined in local scope]). Checked before any value
+    is converted, so this is the error a user sees, as upstream raises it first."""
+    for guard in guards:
+        if "TYPE_MATCH" not in guard_type_names(guard) or guard.name not in recorded_values:
+            continue
+        cls = type(recorded_values[guard.name])
+        if _is_local_class(cls):
+            raise local_class_refusal("TYPE_MATCH", guard.name, cls)
+
+
 def build_guards_state(
     f_code,
     output_graph,
@@ -1113,7 +1466,8 @@ def build_guards_state(
 ) -> GuardsState:
     from torch._dynamo.guards import convert_to_concrete_values
 
-    converter = _StandInConverter(recorder)
+    refuse_local_class_type_matches(guards, recorder.values)
+    converter = _StandInConverter(recorder, guards)
     values = {}
     for name, value in recorder.values.items():
         values[name] = converter.convert(value, name, True)
@@ -1145,10 +1499,17 @@ def build_guards_state(
     modes = []
     for i, mode in enumerate(output_graph.torch_function_mode_stack or ()):
         ref = find_stable_name(type(mode))
+        if ref is None and _is_local_class(type(mode)):
+            # The mode stack check compares the class of each mode.
+            raise LocalScopeTypeError(
+                f"The torch function mode stack guard cannot be serialized. Mode "
+                f"stack entry {i}: {local_class_detail(type(mode))}."
+            )
         if ref is None:
             raise PackageError(
-                f"torch function mode {type(mode).__qualname__} (mode stack entry {i}) "
-                "has no stable name; define the mode class at module scope"
+                f"The torch function mode stack guard cannot be serialized. Mode "
+                f"stack entry {i}: {type(mode).__qualname__} has no stable name; "
+                "define the mode class at module scope."
             )
         modes.append(_ObjectStandIn(ref, {}))
     aot_guards = list(output_graph.tracing_context.guards_context.aotautograd_guards)
@@ -1346,14 +1707,28 @@ class _Hydrator:
             for k, v in obj.attrs.items():
                 setattr(t, k, self(v))
             return t
+        if isinstance(obj, _WrapperSubclassStandIn):
+            return self._wrapper_subclass(obj)
+        if isinstance(obj, _LocalClassStandIn):
+            return self._local_class(obj)
+        if isinstance(obj, _DictViewStandIn):
+            mapping = collections.OrderedDict() if obj.ordered else {}
+            for k, v in obj.items.items():
+                mapping[self._key(k)] = self(v)
+            return getattr(mapping, obj.kind)()
         if isinstance(obj, _ObjectStandIn):
-            cls = resolve_name(obj.cls)
+            cls = self(obj.cls)
             if not isinstance(cls, type):
-                return UnresolvedName(obj.cls.module, obj.cls.path)
+                return cls if isinstance(cls, UnresolvedName) else UnresolvedName(
+                    obj.cls.module, getattr(obj.cls, "path", "")
+                )
+            new = next(
+                (t.__new__ for t in cls.__mro__ if t in _SAFE_NEW_TYPES), object.__new__
+            )
             try:
-                inst = cls.__new__(cls) if cls in _SAFE_NEW_TYPES else object.__new__(cls)
+                inst = new(cls)
             except TypeError:
-                return UnresolvedName(obj.cls.module, obj.cls.path)
+                return UnresolvedName(cls.__module__, cls.__qualname__)
             self.memo[key] = inst
             if obj.state:
                 inst.__dict__.update({k: self(v) for k, v in obj.state.items()})
@@ -1366,9 +1741,9 @@ class _Hydrator:
             fn.__kwdefaults__ = self(obj.kwdefaults)
             return fn
         if isinstance(obj, _TupleSubclassStandIn):
-            cls = resolve_name(obj.cls)
+            cls = self(obj.cls)
             if not (isinstance(cls, type) and issubclass(cls, tuple)):
-                return UnresolvedName(obj.cls.module, obj.cls.path)
+                return UnresolvedName(obj.cls.module, getattr(obj.cls, "path", ""))
             return tuple.__new__(cls, tuple(self(v) for v in obj.items))
         if isinstance(obj, _PartialStandIn):
             func = self(obj.func)
@@ -1429,6 +1804,42 @@ class _Hydrator:
         if type(obj) is slice:
             return slice(self(obj.start), self(obj.stop), self(obj.step))
         return obj
+
+    def _local_class(self, stand_in: _LocalClassStandIn):
+        """See NOTE: [Classes defined in local scope]."""
+        bases = tuple(self(base) for base in stand_in.bases)
+        if not all(isinstance(base, type) for base in bases):
+            return UnresolvedName(stand_in.module, stand_in.qualname)
+
+        def fill(namespace):
+            namespace["__module__"] = stand_in.module
+            namespace["__qualname__"] = stand_in.qualname
+            namespace.update(dict.fromkeys(stand_in.attribute_names, _LOCAL_CLASS_ATTRIBUTE))
+            if stand_in.slots is not None:
+                namespace["__slots__"] = stand_in.slots
+
+        try:
+            return types.new_class(stand_in.name, bases, exec_body=fill)
+        except Exception:
+            log.debug("guard serialization: cannot rebuild class %s", stand_in.qualname, exc_info=True)
+            return UnresolvedName(stand_in.module, stand_in.qualname)
+
+    def _wrapper_subclass(self, stand_in: _WrapperSubclassStandIn) -> torch.Tensor:
+        """See NOTE: [Tensor subclass stand-ins]."""
+        cls = self(stand_in.cls)
+        if not (isinstance(cls, type) and issubclass(cls, torch.Tensor)):
+            raise PackageError(
+                f"tensor subclass {stand_in.cls.module}.{stand_in.cls.path}, which "
+                "the saved guards check, cannot be found in this process"
+            )
+        inner = {name: self(value) for name, value in stand_in.inner.items()}
+        size = (0,) * stand_in.ndim
+        with torch._C._DisableFuncTorch():
+            stride = torch.empty(size, device="meta").stride()
+            out = cls.__tensor_unflatten__(inner, self(stand_in.ctx), size, stride)
+        for k, v in stand_in.attrs.items():
+            setattr(out, k, self(v))
+        return out
 
 
 @dataclasses.dataclass
