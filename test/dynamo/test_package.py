@@ -15,6 +15,7 @@ import sys
 import tempfile
 import textwrap
 import unittest
+import warnings
 from pathlib import Path
 
 import torch
@@ -29,6 +30,7 @@ from torch.testing._internal.common_utils import (
 RUNNER = r'''
 import importlib.util, json, os, sys, time, warnings
 import torch
+from torch.utils._pytree import tree_leaves
 
 mode, case_path, package_dir = sys.argv[1:4]
 spec = importlib.util.spec_from_file_location("pkg_case", case_path)
@@ -63,6 +65,8 @@ if mode == "save":
             run(compiled, args)
         compiled.save_package()
     report["warnings"] = [str(w.message) for w in caught if "package" in str(w.message)]
+    with open(os.path.join(package_dir, "manifest.json")) as f:
+        report["entries"] = json.load(f)["entries"]
 else:
     compiled.load_package()
     from torch._dynamo.utils import counters
@@ -76,7 +80,10 @@ else:
                 results.append({"error": f"{type(e).__name__}: {e}"[:300]})
                 continue
             want, want_grads = run(target, args)
-            same = torch.allclose(got, want, atol=1e-5) and all(
+            # outputs may be tuples (nn.MultiheadAttention, nn.LSTM)
+            same = all(
+                torch.allclose(g, w, atol=1e-5) for g, w in zip(tree_leaves(got), tree_leaves(want))
+            ) and all(
                 torch.allclose(g, w, atol=1e-5) for g, w in zip(got_grads, want_grads)
             )
             results.append({"same": bool(same), "grads": len(got_grads)})
@@ -184,7 +191,188 @@ CASES = {
             # in that range, 1 is out of it (0/1 specialization)
             return f, [(first,), (torch.randn(9),), (torch.randn(3),), (torch.randn(1),)], dict(backend=BACKEND)
     """,
+    "recursion_graph_breaks": """
+        import torch
+        def fn(x, depth):
+            if depth == 0:
+                return x.sin()
+            y = x * 2 + depth
+            torch._dynamo.graph_break()
+            # every level runs in a resume function of fn; each depth is a
+            # recompile of fn and of both of its resume functions
+            return fn(y, depth - 1) + 1
+        def make():
+            torch.manual_seed(0)
+            return fn, [(torch.randn(5), 5), (torch.randn(5), 2), (torch.randn(5), 0)], dict(backend=BACKEND)
+    """,
+    # KIND: which built-in module; torch.compile runs these through Dynamo's
+    # inline wrapper (their forward is a torch.nn frame Dynamo does not trace
+    # into on its own)
+    "builtin_module": """
+        import torch
+        from torch import nn
+        class Blocks(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = nn.ModuleList([nn.Linear(6, 6) for _ in range(2)])
+                self.heads = nn.ModuleDict({"a": nn.Linear(6, 3), "b": nn.Linear(6, 3)})
+            def forward(self, x):
+                for layer in self.layers:
+                    x = torch.relu(layer(x))
+                return self.heads["a"](x) - self.heads["b"](x)
+        def build():
+            if KIND == "linear":
+                return nn.Linear(6, 3), (torch.randn(4, 6),)
+            if KIND == "sequential":
+                return nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.LayerNorm(8), nn.Linear(8, 3)), (torch.randn(4, 6),)
+            if KIND == "sequential_of_containers":
+                return nn.Sequential(Blocks(), nn.Tanh()), (torch.randn(4, 6),)
+            if KIND == "transformer_encoder_layer":
+                layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+                return layer.eval(), (torch.randn(2, 5, 8),)
+            if KIND == "transformer_encoder":
+                layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+                encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+                return encoder.eval(), (torch.randn(2, 5, 8),)
+            if KIND == "multihead_attention":
+                x = torch.randn(2, 5, 8)
+                return nn.MultiheadAttention(8, 2, batch_first=True), (x, x, x)
+            if KIND == "lstm":
+                return nn.LSTM(6, 4, batch_first=True), (torch.randn(2, 3, 6),)
+            raise ValueError(KIND)
+        def make():
+            torch.manual_seed(0)
+            module, args = build()
+            return module, [args], dict(backend=BACKEND)
+    """,
 }
+
+
+# Two built-in modules compiled with two packages: both are compiled through
+# Dynamo's inline wrapper, i.e. frames of one and the same code object.
+TWO_MODULES = r'''
+import json, os, sys
+import torch
+from torch import nn
+
+mode, where = sys.argv[1:3]
+torch.manual_seed(0)
+linear = nn.Linear(6, 3)
+sequential = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3))
+x = torch.randn(2, 6)
+
+
+def compiled(module, name):
+    return torch.compile(module, backend="eager", package=os.path.join(where, name))
+
+
+report = {}
+if mode == "save":
+    for module, name in ((linear, "linear"), (sequential, "sequential")):
+        c = compiled(module, name)
+        c(x)
+        c.save_package()
+else:
+    from torch._dynamo.utils import counters
+
+    c_linear, c_sequential = compiled(linear, "linear"), compiled(sequential, "sequential")
+    c_linear.load_package()
+    c_sequential.load_package()
+    with torch.compiler.set_stance("fail_on_recompile"):
+        report["same"] = [
+            bool(torch.allclose(c(x), m(x)))
+            for c, m in ((c_linear, linear), (c_sequential, sequential), (c_linear, linear))
+        ]
+    report["traced_graphs"] = counters["stats"]["unique_graphs"]
+    # The Linear's package loaded for the Sequential: its entries are not for it.
+    torch._dynamo.reset()
+    crossed = compiled(sequential, "linear")
+    crossed.load_package()
+    with torch.compiler.set_stance("fail_on_recompile"):
+        try:
+            crossed(x)
+            report["crossed"] = "ran"
+        except RuntimeError as e:
+            report["crossed"] = str(e)
+print("REPORT" + json.dumps(report))
+'''
+
+
+# A helper that graph-breaks is compiled as a frame of its own; defined in a local
+# scope, a fresh process has no name to find its code by.
+def _make_local_helper():
+    def helper(x):
+        y = x.cos()
+        torch._dynamo.graph_break()
+        return y + 1
+
+    return helper
+
+
+_LOCAL_HELPER = _make_local_helper()
+
+
+def _calls_local_helper(x):
+    return _LOCAL_HELPER(x) * 2
+
+
+def _compile_with_local_helper(package_dir):
+    compiled = torch.compile(_calls_local_helper, backend="eager", package=package_dir)
+    compiled(torch.randn(3))
+    return compiled
+
+
+# Upstream's entry points to saved guards, used as upstream's loaders use them:
+# the save side compiles and keeps the guards_state bytes of the entry and the
+# decisions of Dynamo's own guards on a set of probes; the load side (a fresh
+# interpreter) rebuilds the guards from the bytes alone and decides the probes.
+GUARDS_API = r'''
+import importlib.util, json, os, sys
+import torch
+
+mode, case_path, state_path = sys.argv[1:4]
+spec = importlib.util.spec_from_file_location("guards_case", case_path)
+case = importlib.util.module_from_spec(spec)
+sys.modules["guards_case"] = case
+spec.loader.exec_module(case)
+
+
+def probes():
+    torch.manual_seed(0)
+    return [
+        {"x": torch.randn(3), "y": torch.randn(3)},
+        {"x": torch.randn(3, dtype=torch.float64), "y": torch.randn(3)},
+        {"x": torch.randn(4), "y": torch.randn(4)},
+        {"x": torch.randn(3, requires_grad=True), "y": torch.randn(3)},
+    ]
+
+
+report = {}
+if mode == "save":
+    compiled = torch.compile(case.fn, backend="eager", package=os.path.dirname(state_path))
+    compiled(torch.randn(3), torch.randn(3))
+    (entry,) = compiled._package.entries
+    with open(state_path, "wb") as f:
+        f.write(entry.guards_state)
+    (cache_entry,) = torch._dynamo.eval_frame._debug_get_cache_entry_list(case.fn.__code__)
+    report["decisions"] = [bool(cache_entry.guard_manager.check(p)) for p in probes()]
+else:
+    from torch._dynamo.package import load_guard_manager, load_guards_state
+
+    with open(state_path, "rb") as f:
+        state = load_guards_state(f.read())
+    report["state"] = [type(state).__name__, hasattr(state, "output_graph"), hasattr(state, "shape_code_parts")]
+    manager = load_guard_manager(state, case.fn.__code__, case.__dict__)
+    report["decisions"] = [bool(manager.check(p)) for p in probes()]
+    # the guards read the globals given at load whenever they run
+    case.SCALE = 3
+    report["after_global_changed"] = bool(manager.check(probes()[0]))
+print("REPORT" + json.dumps(report))
+'''
+
+
+def _scaled_sum(x):
+    return (x.sin() + x.cos() * 2).sum(0)
 
 
 class PackageTestCase(torch._dynamo.test_case.TestCase):
@@ -200,8 +388,9 @@ class PackageTestCase(torch._dynamo.test_case.TestCase):
         shutil.rmtree(self.tmp, ignore_errors=True)
         super().tearDown()
 
-    def write_case(self, name, backend):
-        source = f"BACKEND = {backend!r}\n" + textwrap.dedent(CASES[name])
+    def write_case(self, name, backend, **constants):
+        header = "".join(f"{k} = {v!r}\n" for k, v in {"BACKEND": backend, **constants}.items())
+        source = header + textwrap.dedent(CASES[name])
         path = self.tmp / f"case_{name}_{backend}.py"
         path.write_text(source)
         return path
@@ -225,13 +414,15 @@ class PackageTestCase(torch._dynamo.test_case.TestCase):
             self.fail(f"{mode} process failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
         return json.loads(reports[-1][len("REPORT") :])
 
-    def save_and_load(self, name, backend, **load_env):
-        case = self.write_case(name, backend)
+    def save_and_load(self, name, backend, constants=None, **load_env):
+        case = self.write_case(name, backend, **(constants or {}))
         package = self.tmp / "pkg" / name
         saved = self.run_process("save", case, package)
         self.assertEqual(saved["warnings"], [])
         self.assertTrue((package / "manifest.json").exists())
-        return self.run_process("load", case, package, **load_env)
+        report = self.run_process("load", case, package, **load_env)
+        report["saved_entries"] = saved["entries"]
+        return report
 
     def assert_loaded_without_compiling(self, report, expected_results):
         self.assertEqual(report["results"], expected_results)
@@ -249,6 +440,87 @@ class TestPackage(PackageTestCase):
     def test_graph_breaks_and_resume_functions(self, backend):
         report = self.save_and_load("graph_breaks", backend)
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
+
+    @parametrize("backend", ["eager", "aot_eager"])
+    def test_graph_break_inside_recursion(self, backend):
+        report = self.save_and_load("recursion_graph_breaks", backend)
+        # fn and its two resume functions (after the graph break, after the
+        # recursive call), each compiled more than once: for the first depth,
+        # then with depth dynamic, and for depth 0; the copies of one resume
+        # function in the package must all find the code a fresh process runs
+        self.assertGreaterEqual(report["saved_entries"], 6)
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 3)
+
+    @parametrize(
+        "kind",
+        [
+            "linear",
+            "sequential",
+            "sequential_of_containers",
+            "transformer_encoder_layer",
+            "transformer_encoder",
+            "multihead_attention",
+        ],
+    )
+    def test_builtin_module(self, kind):
+        report = self.save_and_load("builtin_module", "eager", {"KIND": kind})
+        self.assertGreaterEqual(report["saved_entries"], 1)
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
+
+    def test_builtin_module_inductor(self):
+        report = self.save_and_load("builtin_module", "inductor", {"KIND": "sequential"})
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
+
+    def test_builtin_modules_through_one_wrapper_keep_their_entries_apart(self):
+        import pickle
+
+        where = self.tmp / "pkgs"
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": self.save_cache}
+
+        def run(mode):
+            proc = subprocess.run(
+                [sys.executable, "-c", TWO_MODULES, mode, str(where)],
+                capture_output=True, text=True, env=env, cwd=self.tmp,
+            )
+            reports = [l for l in proc.stdout.splitlines() if l.startswith("REPORT")]
+            if proc.returncode != 0 or not reports:
+                self.fail(f"{mode} process failed:\n{proc.stderr[-5000:]}")
+            return json.loads(reports[-1][len("REPORT"):])
+
+        run("save")
+        keys = {
+            name: {entry[0] for entry in pickle.loads((where / name / "dynamo.bin").read_bytes())}
+            for name in ("linear", "sequential")
+        }
+        self.assertEqual(keys["linear"], {("inline_wrapper", "torch.nn.modules.linear", "Linear")})
+        self.assertEqual(
+            keys["sequential"], {("inline_wrapper", "torch.nn.modules.container", "Sequential")}
+        )
+        report = run("load")
+        self.assertEqual(report["same"], [True, True, True])
+        self.assertEqual(report["traced_graphs"], 0)
+        self.assertIn("fail_on_recompile", report["crossed"])
+
+    def test_entry_whose_code_cannot_be_found_again_is_left_out(self):
+        package_dir = str(self.tmp / "pkg")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compiled = _compile_with_local_helper(package_dir)
+            compiled.save_package()
+        messages = [str(w.message) for w in caught if "could not find its code" in str(w.message)]
+        # helper's entry, and then its resume function's (nothing else calls it)
+        self.assertEqual(len(messages), 2)
+        self.assertIn("_make_local_helper.<locals>.helper", messages[0])
+        self.assertIn("define it at module level", messages[0])
+        self.assertIn("resume function torch_dynamo_resume_in_helper_at", messages[1])
+        manifest = json.loads((Path(package_dir) / "manifest.json").read_text())
+        # _calls_local_helper and its resume function after the call stay
+        self.assertEqual(manifest["entries"], 2)
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(package_strict=True):
+            compiled = _compile_with_local_helper(package_dir)
+            with self.assertRaisesRegex(PackageError, "helper .* could not find its code"):
+                compiled.save_package()
 
     def test_several_recompiles_in_one_package(self):
         report = self.save_and_load("recompiles", "eager")
@@ -367,6 +639,102 @@ class TestPackage(PackageTestCase):
         self.assertIn("PackageError", proc.stderr)
 
 
+class TestPackageAndReset(PackageTestCase):
+    @parametrize("final_backend", ["aot_eager", "inductor"])
+    @parametrize("stance", ["default", "fail_on_recompile"])
+    def test_reset_between_compiles_of_one_function(self, stance, final_backend):
+        from torch._dynamo.utils import counters
+
+        package_dir = str(self.tmp / "pkg")
+        x = torch.randn(4, 3)
+        compiled = torch.compile(_scaled_sum, backend="eager", package=package_dir)
+        compiled(x)
+        compiled.save_package()
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(_scaled_sum, backend="eager", package=package_dir)
+        compiled.load_package()
+        with torch.compiler.set_stance(stance):
+            self.assertEqual(compiled(x), _scaled_sum(x))
+        self.assertEqual(counters["stats"]["unique_graphs"], 0)
+        torch._dynamo.reset()
+        # The same code compiled anew, with another backend: nothing of the
+        # loaded entry may be left behind.
+        recompiled = torch.compile(_scaled_sum, backend=final_backend)
+        self.assertEqual(recompiled(x), _scaled_sum(x))
+        self.assertEqual(recompiled(x + 1), _scaled_sum(x + 1))
+        self.assertEqual(counters["stats"]["unique_graphs"], 1)
+
+
+class TestGuardsStateEntryPoints(PackageTestCase):
+    """torch._dynamo.package.load_guards_state / load_guard_manager, upstream's
+    signatures and behaviour."""
+
+    def _guards_of_scaled_sum(self):
+        package_dir = str(self.tmp / "pkg")
+        compiled = torch.compile(_scaled_sum, backend="eager", package=package_dir)
+        compiled(torch.randn(4, 3))
+        (entry,) = compiled._package.entries
+        return entry.guards_state
+
+    def test_in_process(self):
+        from torch._dynamo.guard_serialization import GuardsState
+        from torch._dynamo.package import load_guard_manager, load_guards_state
+
+        state = load_guards_state(self._guards_of_scaled_sum())
+        self.assertIsInstance(state, GuardsState)
+        manager = load_guard_manager(state, _scaled_sum.__code__, globals())
+        self.assertTrue(manager.check({"x": torch.randn(4, 3)}))
+        self.assertFalse(manager.check({"x": torch.randn(4, 3, dtype=torch.float64)}))
+        self.assertFalse(manager.check({"x": torch.randn(5, 3)}))
+
+    def test_damaged_bytes_are_refused(self):
+        from torch._dynamo.package import load_guards_state
+
+        data = self._guards_of_scaled_sum()
+        with self.assertRaisesRegex(PackageError, "damaged"):
+            load_guards_state(data[: len(data) // 2])
+
+    def test_guards_of_another_code_are_refused(self):
+        from torch._dynamo.package import load_guard_manager, load_guards_state
+
+        state = load_guards_state(self._guards_of_scaled_sum())
+        with self.assertRaisesRegex(PackageError, "_scaled_sum"):
+            load_guard_manager(state, _calls_local_helper.__code__, globals())
+
+    def test_fresh_process(self):
+        case = self.tmp / "guards_case.py"
+        case.write_text(
+            textwrap.dedent(
+                """
+                import torch
+                SCALE = 2
+                def fn(x, y):
+                    return x * SCALE + y.cos()
+                """
+            )
+        )
+        state_path = self.tmp / "pkg" / "guards_state.bin"
+        state_path.parent.mkdir()
+        reports = {}
+        for mode in ("save", "load"):
+            proc = subprocess.run(
+                [sys.executable, "-c", GUARDS_API, mode, str(case), str(state_path)],
+                capture_output=True, text=True, cwd=self.tmp,
+                env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": self.save_cache},
+            )
+            lines = [l for l in proc.stdout.splitlines() if l.startswith("REPORT")]
+            if proc.returncode != 0 or not lines:
+                self.fail(f"{mode} process failed:\n{proc.stderr[-5000:]}")
+            reports[mode] = json.loads(lines[-1][len("REPORT"):])
+        saved, loaded = reports["save"], reports["load"]
+        self.assertEqual(loaded["state"], ["GuardsState", True, True])
+        # the probes are not all alike: some pass, some fail Dynamo's own guards
+        self.assertEqual(set(saved["decisions"]), {True, False})
+        self.assertEqual(loaded["decisions"], saved["decisions"])
+        self.assertFalse(loaded["after_global_changed"])
+
+
 class TestPackageFormat(PackageTestCase):
     def setUp(self):
         super().setUp()
@@ -482,6 +850,7 @@ class TestPackageFormat(PackageTestCase):
 
 instantiate_parametrized_tests(TestPackage)
 instantiate_parametrized_tests(TestPackageFormat)
+instantiate_parametrized_tests(TestPackageAndReset)
 
 
 if __name__ == "__main__":

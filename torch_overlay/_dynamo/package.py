@@ -11,7 +11,9 @@ guards: a hit installs the saved bytecode as a normal Dynamo cache entry, with n
 trace, no AOTAutograd, no Inductor codegen and no C++ compiler.
 
 Provides :class:`CompilePackage`, :class:`PackageAwareConvertFrame` (the frame
-callback wrapper) and the package format (:data:`PACKAGE_FORMAT_VERSION`).
+callback wrapper), the package format (:data:`PACKAGE_FORMAT_VERSION`), and
+upstream's entry points to saved guards, :func:`load_guards_state` and
+:func:`load_guard_manager`.
 
 # NOTE: [Package format]
 # <dir>/manifest.json       read and checked before anything is unpickled:
@@ -67,11 +69,43 @@ from torch._dynamo.exc import PackageError
 
 log = logging.getLogger(__name__)
 
-PACKAGE_FORMAT_VERSION = 1
+# 2: resume entries are keyed by a fingerprint of their code, modules compiled
+# through the inline wrapper by their class (NOTE: [Keys of package entries]).
+PACKAGE_FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 _DYNAMO_FILE = "dynamo.bin"
 
 _tls = threading.local()
+
+
+def load_guards_state(guards_state: bytes):
+    """Read the bytes of ``CheckFunctionManager(...).guards_state`` (saved guards).
+
+    Returns the ``GuardsState`` (``.output_graph``, ``.shape_code_parts``) that
+    :func:`load_guard_manager` builds a guard manager from. The bytes are read
+    with a restricted unpickler; damaged or foreign bytes raise PackageError.
+    """
+    from torch._dynamo import guard_serialization
+
+    return guard_serialization.load_guards_state(bytes(guards_state))
+
+
+def load_guard_manager(guards_state, target_code: types.CodeType, runtime_global_scope: dict):
+    """The guard manager of saved guards, for frames of ``target_code``.
+
+    ``guards_state`` is what :func:`load_guards_state` returned. Globals are
+    read from ``runtime_global_scope`` (the globals of the module that owns
+    ``target_code``) whenever the guards run, so a changed global fails them.
+    ``.check(f_locals)`` of the result decides like the guards that were saved.
+    """
+    from torch._dynamo.guards import CheckFunctionManager
+
+    return CheckFunctionManager(
+        target_code,
+        guards_state,
+        guards_serialization_mode="load",
+        runtime_global_scope=runtime_global_scope,
+    ).guard_manager
 
 
 def current_package() -> Optional[CompilePackage]:
@@ -121,14 +155,120 @@ def _environment() -> dict:
 # ---------------------------------------------------------------------------
 
 
+# NOTE: [Keys of package entries]
+# An entry is looked up by the code object of the frame being called, so the
+# package keys each entry by something a fresh process can find that code by:
+#   ("function", module, qualname)  a function reachable from its module by
+#                                   name, or the code of the compiled callable
+#                                   itself (the package's root), by qualname;
+#   ("resume", name, fingerprint)   a resume function Dynamo generated at a
+#                                   graph break. Its name is not unique (every
+#                                   graph break on one line gives the same name,
+#                                   and a recursive function re-enters the same
+#                                   resume code from many entries), and a fresh
+#                                   process holds as many copies of it as there
+#                                   are saved entries that call it. The key is
+#                                   a fingerprint of the code's contents, so
+#                                   every copy (and the copy Dynamo generates
+#                                   again if a caller recompiles) matches;
+#   ("inline_wrapper", module, qualname of the module's class)
+#                                   a built-in nn.Module (or one whose forward
+#                                   Dynamo skips) compiled through Dynamo's
+#                                   inline wrapper (external_utils.wrap_inline):
+#                                   the frame is the wrapper's, whose code every
+#                                   such module shares, so the key names the
+#                                   class of the module really compiled and only
+#                                   a package compiled for that class uses it.
+# A key that cannot be found again in a fresh process (a nested function, a
+# local class's method reached through a graph break) leaves its entry out at
+# save, with a warning (an error with config.package_strict).
+
+
 def _is_resume_code(code: types.CodeType) -> bool:
     return code.co_name.startswith(("torch_dynamo_resume_in_", "__resume_at_"))
 
 
+def _const_token(value) -> bytes:
+    """A byte string for a code constant that is the same in every process."""
+    if isinstance(value, types.CodeType):
+        return b"code:" + _code_fingerprint(value).encode()
+    if isinstance(value, tuple):
+        return b"(" + b",".join(_const_token(v) for v in value) + b")"
+    if isinstance(value, frozenset):
+        # Iteration order of a frozenset of str follows the process's hash seed.
+        return b"{" + b",".join(sorted(_const_token(v) for v in value)) + b"}"
+    return f"{type(value).__name__}:{value!r}".encode()
+
+
+_fingerprints: Any = None
+
+
+def _code_fingerprint(code: types.CodeType) -> str:
+    """A digest of everything a code object runs: equal digests, same code."""
+    global _fingerprints
+    if _fingerprints is None:
+        from torch._dynamo.utils import ExactWeakKeyDictionary
+
+        _fingerprints = ExactWeakKeyDictionary()
+    found = _fingerprints.get(code)
+    if found is not None:
+        return found
+    digest = hashlib.sha256()
+    for field in (
+        code.co_name,
+        code.co_qualname,
+        code.co_filename,
+        code.co_firstlineno,
+        code.co_argcount,
+        code.co_posonlyargcount,
+        code.co_kwonlyargcount,
+        code.co_nlocals,
+        code.co_stacksize,
+        code.co_flags,
+        code.co_names,
+        code.co_varnames,
+        code.co_freevars,
+        code.co_cellvars,
+    ):
+        digest.update(repr(field).encode() + b"\0")
+    for raw in (code.co_code, code.co_linetable, getattr(code, "co_exceptiontable", b"")):
+        digest.update(raw + b"\0")
+    digest.update(_const_token(code.co_consts))
+    found = digest.hexdigest()[:32]
+    _fingerprints[code] = found
+    return found
+
+
+def _inline_wrapper_code() -> types.CodeType:
+    """The code of the frame Dynamo compiles for a module whose forward it skips
+    (OptimizedModule wraps such a module with external_utils.wrap_inline)."""
+    from torch._dynamo import external_utils
+
+    return external_utils.wrap_inline(_inline_wrapper_code).__code__
+
+
+def _compiled_through_inline_wrapper(module) -> bool:
+    """Whether torch.compile(module) runs ``module`` through the inline wrapper
+    (the same test OptimizedModule makes)."""
+    from torch._dynamo import trace_rules
+
+    forward = getattr(module, "forward", None)
+    return isinstance(forward, types.MethodType) and bool(trace_rules.check(forward))
+
+
 def _code_key(code: types.CodeType, f_globals: dict) -> tuple:
     if _is_resume_code(code):
-        return ("resume", code.co_name)
+        return ("resume", code.co_name, _code_fingerprint(code))
     return ("function", f_globals.get("__name__"), code.co_qualname)
+
+
+def _describe_key(key: tuple) -> str:
+    """A package entry's key, for people."""
+    if key[0] == "resume":
+        return f"resume function {key[1]}"
+    if key[0] == "inline_wrapper":
+        return f"{key[1]}.{key[2]} (through Dynamo's inline wrapper)"
+    return f"{key[2]} (module {key[1]})"
 
 
 def _resolve_code(key: tuple, root_codes: list[types.CodeType]):
@@ -675,10 +815,11 @@ class CompilePackage:
         self.entries: list[_Entry] = []
         self._graph_records: dict[str, _GraphRecord] = {}
         self._unsaveable: list[str] = []
+        # Entries read from a package: checked when they were first saved.
+        self._entries_from_packages: set[int] = set()
         self._loaded: list[_LoadedEntry] = []
         self._loaded_graph_blobs: dict[str, bytes] = {}
         self._loaded_kernels: dict[str, bytes] = {}
-        self._resume_codes: dict[str, types.CodeType] = {}
         self._loaded_devices: set[str] = set()
         self._uid = _sha256(os.urandom(16))[:10]
 
@@ -695,11 +836,38 @@ class CompilePackage:
         code = getattr(fn, "__code__", None)
         return [code] if code is not None else []
 
+    def _inline_wrapped_class(self) -> Optional[tuple[str, str]]:
+        """(module, qualname) of the root module's class when torch.compile runs
+        it through Dynamo's inline wrapper; see NOTE: [Keys of package entries]."""
+        module = self._fn
+        if not isinstance(module, torch.nn.Module) or not _compiled_through_inline_wrapper(module):
+            return None
+        cls = type(module)
+        return (cls.__module__, cls.__qualname__)
+
+    def _key_for(self, code, f_globals) -> tuple:
+        if code is _inline_wrapper_code():
+            wrapped = self._inline_wrapped_class()
+            if wrapped is not None:
+                return ("inline_wrapper", *wrapped)
+        return _code_key(code, f_globals)
+
+    def _entry_matches(self, entry: _Entry, code: types.CodeType) -> bool:
+        """Whether ``entry`` was saved for frames of ``code``."""
+        key = entry.code_key
+        if key[0] == "resume":
+            return (
+                len(key) == 3 and _is_resume_code(code) and _code_fingerprint(code) == key[2]
+            )
+        if key[0] == "inline_wrapper":
+            return code is _inline_wrapper_code() and self._inline_wrapped_class() == tuple(key[1:])
+        return _resolve_code(key, self._root_codes()) is code
+
     def record_compile(self, code, out_code, guards_state, f_globals) -> None:
         """Called by Dynamo once a frame compiled under this package."""
         if guards_state is None:
             return
-        key = _code_key(code, f_globals)
+        key = self._key_for(code, f_globals)
         try:
             global_refs = self._classify_globals(out_code, f_globals)
         except PackageError as e:
@@ -800,11 +968,17 @@ class CompilePackage:
             bad = [failed[ref[1]] for ref in entry.globals.values() if ref[0] == "graph" and ref[1] in failed]
             if bad:
                 self._leave_out(
-                    f"torch.compile package: an entry of {entry.code_key[-1]} is not "
+                    f"torch.compile package: an entry of {_describe_key(entry.code_key)} is not "
                     f"saved: its graph cannot be packaged: {bad[0]}"
                 )
                 continue
             kept.append(entry)
+        kept = self._keep_resolvable(kept)
+        graphs_kept = {
+            ref[1] for entry in kept for ref in entry.globals.values() if ref[0] == "graph"
+        }
+        for artifact in graphs_needed - graphs_kept:
+            files.pop(f"graphs/{artifact}.bin", None)
         for h, data in kernels.items():
             files[f"kernels/{h}.so"] = data
         files[_DYNAMO_FILE] = pickle.dumps(
@@ -826,6 +1000,58 @@ class CompilePackage:
             "files": {name: _sha256(data) for name, data in sorted(files.items())},
         }
         return files, manifest
+
+    def _keep_resolvable(self, entries: list[_Entry]) -> list[_Entry]:
+        """The entries a fresh process can find the code of; the others are left
+        out with a warning naming them (NOTE: [Keys of package entries])."""
+        kept = list(entries)
+        while True:
+            # Resume functions a fresh process gets from the package: those the
+            # saved bytecode calls (installed globals) or builds (closures).
+            carried = set()
+            for entry in kept:
+                for ref in entry.globals.values():
+                    if ref[0] == "resume":
+                        carried.add(_code_fingerprint(marshal.loads(ref[2])))
+                for nested in _nested_codes(marshal.loads(entry.out_code)):
+                    if _is_resume_code(nested):
+                        carried.add(_code_fingerprint(nested))
+            still_kept = []
+            for entry in kept:
+                reason = self._unresolvable_reason(entry, carried)
+                if reason is None:
+                    still_kept.append(entry)
+                else:
+                    self._leave_out(
+                        f"torch.compile package: the entry for {_describe_key(entry.code_key)} "
+                        f"is not saved: a fresh process could not find its code: {reason}"
+                    )
+            if len(still_kept) == len(kept):
+                return kept
+            # A dropped entry may have carried the code of a resume entry.
+            kept = still_kept
+
+    def _unresolvable_reason(self, entry: _Entry, carried: set[str]) -> Optional[str]:
+        if id(entry) in self._entries_from_packages:
+            return None
+        key = entry.code_key
+        if key[0] == "resume":
+            if key[2] in carried:
+                return None
+            return "no saved entry calls this resume function (its caller's entry is not saved)"
+        if key[0] == "inline_wrapper":
+            if self._inline_wrapped_class() == tuple(key[1:]):
+                return None
+            return (
+                f"it was compiled through Dynamo's inline wrapper for a {key[1]}.{key[2]}, "
+                f"not for this package's {type(self._fn).__qualname__}"
+            )
+        if _resolve_code(key, self._root_codes()) is not None:
+            return None
+        return (
+            f"{key[2]} is neither the compiled callable nor reachable by name from "
+            f"module {key[1]} (define it at module level)"
+        )
 
     # -- load --------------------------------------------------------------
     def load(self, path: Optional[str] = None) -> list[_LoadedEntry]:
@@ -897,6 +1123,7 @@ class CompilePackage:
             if loaded is not None:
                 installed.append(loaded)
         self.entries.extend(entries)
+        self._entries_from_packages |= {id(entry) for entry in entries}
         return installed
 
     def _install_loaded(self, entry: _Entry, graphs: dict) -> None:
@@ -906,7 +1133,7 @@ class CompilePackage:
                 module = importlib.import_module(entry.global_module)
             except Exception as e:
                 warnings.warn(
-                    f"torch.compile package: entry of {entry.code_key[-1]} skipped: "
+                    f"torch.compile package: entry of {_describe_key(entry.code_key)} skipped: "
                     f"module {entry.global_module} cannot be imported ({e!r})"
                 )
                 return None
@@ -920,7 +1147,6 @@ class CompilePackage:
             elif ref[0] == "resume":
                 code = marshal.loads(ref[2])
                 fn = types.FunctionType(code, f_globals, ref[1])
-                self._resume_codes[ref[1]] = code
                 f_globals[unique] = fn
                 renames[name] = unique
             elif ref[0] == "module":
@@ -930,30 +1156,22 @@ class CompilePackage:
 
                 f_globals.setdefault(name, resolve_name(_NamedRef(ref[1], ref[2])))
         out_code = _rename_globals(marshal.loads(entry.out_code), renames)
-        for nested in _nested_codes(out_code):
-            if _is_resume_code(nested):
-                self._resume_codes[nested.co_name] = nested
         loaded = _LoadedEntry(entry, out_code, f_globals)
         self._loaded.append(loaded)
         return loaded
-
-    def _code_of(self, entry: _Entry):
-        if entry.code_key[0] == "resume":
-            return self._resume_codes.get(entry.code_key[1])
-        return _resolve_code(entry.code_key, self._root_codes())
 
     def lookup(self, frame, cache_entry):
         """A saved entry whose guards accept this frame, installed; else None."""
         if not self._loaded:
             return None
-        from torch._dynamo.convert_frame import orig_code_map, output_codes
+        from torch._dynamo.convert_frame import input_codes, orig_code_map, output_codes
         from torch._dynamo.guards import CheckFunctionManager
         from torch._dynamo.types import GuardedCode
         from torch._guards import CompileId
 
         code = frame.f_code
         for loaded in list(self._loaded):
-            if self._code_of(loaded.entry) is not code:
+            if not self._entry_matches(loaded.entry, code):
                 continue
             if loaded.guard_manager is None:
                 try:
@@ -976,6 +1194,14 @@ class CompilePackage:
                     continue
             if not loaded.guard_manager.check(frame.f_locals):
                 continue
+            # NOTE: [Bookkeeping of installed entries]
+            # What _compile records for a cache entry it installs, recorded for
+            # one installed from the package: torch._dynamo.reset() clears the
+            # cache entries of the codes in input_codes (a code missing there
+            # keeps a stale entry whose out_code orig_code_map no longer knows,
+            # and the next guard failure on it raises KeyError in
+            # get_guard_fail_reason), and Dynamo never compiles an out_code.
+            input_codes.add(code)
             orig_code_map[loaded.out_code] = code
             output_codes.add(loaded.out_code)
             manager = loaded.guard_manager
