@@ -407,7 +407,9 @@ class TestAOTCompile(torch._dynamo.test_case.TestCase):
             ).aot_compile(((torch.ones(2),), {}))
         self.assertEqual(compiled(torch.ones(2)), torch.full((2,), 4.0))
         with self.assertWarns(UserWarning), self.assertRaisesRegex(
-            PackageError, "LocalReplay of backend '<lambda>' cannot be imported by name: define it at module level"
+            PackageError,
+            "LocalReplay of backend '<lambda>' cannot be imported by name: define it at "
+            "module level",
         ):
             compiled.save_compiled_function(str(self.tmp / "local_class.pt"))
 
@@ -510,7 +512,9 @@ class TestAOTCompile(torch._dynamo.test_case.TestCase):
         with self.assertRaisesRegex(RuntimeError, "AOT Compile is not enabled"):
             torch.compile(m, fullgraph=True, backend="eager")._aot_compile(inputs)
         with torch._dynamo.config.patch("enable_aot_compile", True):
-            with self.assertRaisesRegex(RuntimeError, r"Please use torch.compile\(fullgraph=True\)"):
+            with self.assertRaisesRegex(
+                RuntimeError, r"Please use torch.compile\(fullgraph=True\)"
+            ):
                 torch.compile(m, backend="eager")._aot_compile(inputs)
             with self.assertRaisesRegex(RuntimeError, "no ahead-of-time compiled forward"):
                 torch.compile(m, fullgraph=True, backend="eager")._save_aot_compiled_module()

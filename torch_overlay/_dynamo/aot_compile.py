@@ -49,6 +49,7 @@ import torch
 from torch._dynamo.exc import PackageError
 
 from .package import (
+    _CUSTOM_BACKEND,
     _resolve_code,
     CompilePackage,
     read_archive,
@@ -227,16 +228,16 @@ def _check_custom_backend_output(package: CompilePackage) -> None:
     from torch._dynamo.aot_compile_types import SerializableCallable
 
     recording = package.backend
-    if recording is None or not recording.kind.startswith("custom:"):
+    if recording is None or not recording.kind.startswith(_CUSTOM_BACKEND):
         return
     for _, record in recording.records.values():
         if not isinstance(record.compiled, SerializableCallable):
             raise RuntimeError(
-                f"Compiled function type {type(record.compiled)} (produced from backend "
-                f"{recording.compiler_fn}) does not implement SerializableCallable. aot_compile saves "
-                "a custom backend's graphs through "
-                "torch._dynamo.aot_compile_types.SerializableCallable: return an "
-                "instance of a subclass of it from the backend"
+                f"Compiled function type {type(record.compiled)} (produced from "
+                f"backend {recording.compiler_fn}) does not implement "
+                "SerializableCallable. aot_compile saves a custom backend's graphs "
+                "through torch._dynamo.aot_compile_types.SerializableCallable: return "
+                "an instance of a subclass of it from the backend"
             )
 
 
@@ -415,7 +416,9 @@ class AOTCompiledModel:
         return cls(model, [AOTCompiledFunction.deserialize(a) for a in archives])
 
 
-def aot_compile_module(model: torch.nn.Module, inputs: list[ModelInput], backend) -> AOTCompiledModel:
+def aot_compile_module(
+    model: torch.nn.Module, inputs: list[ModelInput], backend
+) -> AOTCompiledModel:
     """Compile ``model``'s forward ahead of time once per :class:`ModelInput`."""
     require_aot_compile_enabled()
     results = []
