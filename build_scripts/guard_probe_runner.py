@@ -33,6 +33,9 @@ Guard modes: ``all`` keeps every guard; ``portable`` applies the same
 guard_filter_fn in both versions, dropping the identity guard types upstream
 refuses to serialize (see :data:`UPSTREAM_UNSERIALIZABLE`), so the two versions
 can be compared on probes upstream would otherwise refuse outright.
+A probe's ``keep_guard`` predicate narrows the guards further in both modes
+(what a user would pass as guard_filter_fn, e.g. to leave out TYPE_MATCH on a
+class defined in local scope).
 
 # NOTE: [Probe harness and compile state]
 # A compile sets up more than the tracer: the metrics and compile contexts,
@@ -465,8 +468,22 @@ def run_save(api: TorchApi, probes_module, out_dir: Path, only: Optional[set]) -
     return cases
 
 
+def guard_filter_for(probe, mode: str):
+    """The guard_filter_fn of a probe in a guard mode (None keeps every guard)."""
+    mode_filter = portable_guard_filter if mode == "portable" else None
+    keep_guard = probe.keep_guard
+    if keep_guard is None:
+        return mode_filter
+
+    def probe_filter(entries):
+        kept = mode_filter(entries) if mode_filter else [True] * len(entries)
+        return [k and bool(keep_guard(e)) for k, e in zip(kept, entries)]
+
+    return probe_filter
+
+
 def run_case_save(api: TorchApi, probe, mode: str, blob_path: Path) -> dict:
-    filter_fn = portable_guard_filter if mode == "portable" else None
+    filter_fn = guard_filter_for(probe, mode)
     case: dict[str, Any] = {
         "probe": probe.name,
         "mode": mode,

@@ -28,6 +28,9 @@ Provides :data:`PROBES` (registered with :func:`probe`), :class:`Probe`,
 # * ``covers`` names the guard types a probe is written to exercise; the report
 #   lists the guard types each version actually emitted, so a probe that stops
 #   exercising what it was written for shows up there.
+# * ``keep_guard`` (a predicate on a GuardFilterEntry, the same in both
+#   versions) narrows the guards further in every mode: what a user passes as
+#   guard_filter_fn, e.g. to leave out the guard on a local class's identity.
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ class Probe:
     # Guard serialization is expected to be refused by the overlay (a probe of the
     # refusal policy); documentation for the reader of the report.
     expect_refusal: bool = False
+    # Keeps a guard (GuardFilterEntry -> bool) in every guard mode; None keeps all.
+    keep_guard: Optional[Callable[[Any], bool]] = None
 
 
 PROBES: list[Probe] = []
@@ -95,6 +100,7 @@ def probe(
     compile_context: Optional[Callable[[], ContextManager]] = None,
     config: Optional[dict] = None,
     expect_refusal: bool = False,
+    keep_guard: Optional[Callable[[Any], bool]] = None,
 ):
     """Register the decorated function as a probe traced with ``example``."""
 
@@ -111,6 +117,7 @@ def probe(
                 compile_context=compile_context,
                 config=dict(config or {}),
                 expect_refusal=expect_refusal,
+                keep_guard=keep_guard,
             )
         )
         return fn
@@ -307,6 +314,52 @@ def make_local_object():
             self.scale = 2
 
     return Local()
+
+
+def make_local_module(hidden=4):
+    # The usual notebook / test shape: the module class defined in a function.
+    class LocalMLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(3, hidden)
+            self.register_buffer("shift", torch.zeros(2))
+            self.fc2 = nn.Linear(hidden, 2)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x))) + self.shift
+
+    return LocalMLP()
+
+
+def make_local_config(scale=2):
+    class LocalConfig:
+        offset = 1
+
+        def __init__(self):
+            self.scale = scale
+
+    return LocalConfig()
+
+
+def is_local_class(cls) -> bool:
+    return isinstance(cls, type) and "<locals>" in cls.__qualname__
+
+
+def not_on_local_class_identity(entry) -> bool:
+    """False for the guards that compare a class defined in local scope (TYPE_MATCH
+    of an instance of one, ID_MATCH / CLASS_MATCH of one): what a user of either
+    version leaves out with guard_filter_fn to save such a frame."""
+    value = entry.value if entry.has_value else None
+    if entry.guard_type == "TYPE_MATCH":
+        return not is_local_class(type(value))
+    if entry.guard_type in ("ID_MATCH", "CLASS_MATCH"):
+        return not is_local_class(value)
+    return True
+
+
+def shadowed_forward(module):
+    module.forward = lambda x: x
+    return module
 
 
 K = 3
@@ -773,6 +826,45 @@ def device_arg(x, dev):
 )
 def mappingproxy_arg(x, mp):
     return x * mp["a"]
+
+
+@probe(
+    C("example", lambda: A(t(3), {"a": 1, "b": 2}.keys())),
+    C("same keys, other values", lambda: A(t(3), {"a": 5, "b": 6}.keys())),
+    C("keys in another order", lambda: A(t(3), {"b": 2, "a": 1}.keys())),
+    C("other keys", lambda: A(t(3), {"a": 1, "c": 2}.keys())),
+    C("fewer keys", lambda: A(t(3), {"a": 1}.keys())),
+    C("the dict itself", lambda: A(t(3), {"a": 1, "b": 2})),
+    C("a values view", lambda: A(t(3), {"a": 1, "b": 2}.values())),
+    covers=("EQUALS_MATCH", "SEQUENCE_LENGTH", "TYPE_MATCH"),
+)
+def dict_keys_arg(x, keys):
+    return x * len(keys) + ("a" in keys)
+
+
+@probe(
+    C("example", lambda: A(t(3), {"a": 1, "b": 2}.values())),
+    C("same values", lambda: A(t(3), {"c": 1, "d": 2}.values())),
+    C("other values", lambda: A(t(3), {"a": 3, "b": 4}.values())),
+    C("fewer values", lambda: A(t(3), {"a": 1}.values())),
+    C("a keys view", lambda: A(t(3), {"a": 1, "b": 2}.keys())),
+    C("a list", lambda: A(t(3), [1, 2])),
+    covers=("TYPE_MATCH",),
+)
+def dict_values_arg(x, values):
+    return x * len(values)
+
+
+@probe(
+    C("example", lambda: A(t(3), {"a": 1, "b": 2}.items())),
+    C("same items", lambda: A(t(3), {"a": 1, "b": 2}.items())),
+    C("other items", lambda: A(t(3), {"c": 3}.items())),
+    C("a keys view", lambda: A(t(3), {"a": 1, "b": 2}.keys())),
+    C("x of 4", lambda: A(t(4), {"a": 1, "b": 2}.items())),
+    covers=("TYPE_MATCH",),
+)
+def dict_items_arg(x, items):
+    return x * len(items)
 
 
 # ---------------------------------------------------------------------------
@@ -1387,6 +1479,28 @@ def global_closure(x):
     return GLOBAL_ADDER(x)
 
 
+def keeps_signature(fn):
+    """A functools.wraps decorator: the module-level name is bound to the
+    wrapper, the decorated function lives on in its closure (and __wrapped__)."""
+
+    @functools.wraps(fn)
+    def wrapper(x):
+        return fn(x)
+
+    return wrapper
+
+
+@probe(
+    C("example", lambda: A(t(3))),
+    C("same shape", lambda: A(t(3))),
+    C("other shape", lambda: A(t(4))),
+    covers=("CLOSURE_MATCH", "FUNCTION_MATCH"),
+)
+@keeps_signature
+def wrapped_by_decorator(x):
+    return x * 3
+
+
 @probe(
     C("example", lambda: A(make_local_object(), t(3))),
     C("another instance of the local class", lambda: A(make_local_object(), t(3))),
@@ -1398,20 +1512,107 @@ def local_class_object(o, x):
     return x * o.scale
 
 
-def _two_tensor(*shape):
+@probe(
+    C("example", lambda: A(make_local_module(), t(3))),
+    C("another instance of the local module class", lambda: A(make_local_module(), t(3))),
+    C("hidden 5 (other parameter shapes)", lambda: A(make_local_module(hidden=5), t(3))),
+    C("forward shadowed on the instance", lambda: A(shadowed_forward(make_local_module()), t(3))),
+    C("x float64", lambda: A(make_local_module(), t(3, dtype=torch.float64))),
+    C("module-level MLP", lambda: A(MLP(), t(3))),
+    covers=("TYPE_MATCH",),
+    expect_refusal=True,
+)
+def local_module_call(m, x):
+    return m(x)
+
+
+@probe(
+    C("example", lambda: A(make_local_module(), t(3))),
+    C("another instance of the local module class", lambda: A(make_local_module(), t(3))),
+    C("hidden 5 (other parameter shapes)", lambda: A(make_local_module(hidden=5), t(3))),
+    C("forward shadowed on the instance", lambda: A(shadowed_forward(make_local_module()), t(3))),
+    C("x float64", lambda: A(make_local_module(), t(3, dtype=torch.float64))),
+    C("x of 4 features", lambda: A(make_local_module(), t(4))),
+    covers=("NOT_PRESENT_IN_GENERIC_DICT", "EMPTY_NN_MODULE_HOOKS_DICT", "TENSOR_MATCH"),
+    keep_guard=not_on_local_class_identity,
+)
+def local_module_call_filtered(m, x):
+    return m(x)
+
+
+@probe(
+    C("example", lambda: A(make_local_config(), t(3))),
+    C("another instance of the local class", lambda: A(make_local_config(), t(3))),
+    C("scale 3", lambda: A(make_local_config(scale=3), t(3))),
+    C("Box without offset", lambda: A(Box(scale=2), t(3))),
+    covers=("HASATTR", "CONSTANT_MATCH"),
+    keep_guard=not_on_local_class_identity,
+)
+def local_object_attrs_filtered(o, x):
+    return x * o.scale + (o.offset if hasattr(o, "offset") else 0)
+
+
+def _two_tensor(*shape, dtype=torch.float32, requires_grad=False):
     from torch.testing._internal.two_tensor import TwoTensor
 
-    return TwoTensor(t(*shape), t(*shape))
+    return TwoTensor(
+        t(*shape, dtype=dtype, requires_grad=requires_grad),
+        t(*shape, dtype=dtype, requires_grad=requires_grad),
+    )
 
 
 @probe(
     C("example", lambda: A(_two_tensor(3))),
     C("TwoTensor", lambda: A(_two_tensor(3))),
     C("plain tensor", lambda: A(t(3))),
+    C("TwoTensor of 4", lambda: A(_two_tensor(4))),
+    C("TwoTensor float64", lambda: A(_two_tensor(3, dtype=torch.float64))),
+    C("TwoTensor requires_grad", lambda: A(_two_tensor(3, requires_grad=True))),
+    C("TwoTensor 2-d", lambda: A(_two_tensor(1, 3))),
+    C("another subclass", lambda: A(_extra_metadata_tensor(3))),
+    covers=("TENSOR_MATCH", "TENSOR_SUBCLASS_METADATA_MATCH"),
+)
+def tensor_subclass(x):
+    return x * 2
+
+
+def _extra_metadata_tensor(*shape, constant=4):
+    from torch.testing._internal.custom_tensor import ConstantExtraMetadataTensor
+
+    out = ConstantExtraMetadataTensor(t(*shape))
+    out.constant_attribute = constant
+    return out
+
+
+@probe(
+    C("example", lambda: A(_extra_metadata_tensor(3))),
+    C("same metadata", lambda: A(_extra_metadata_tensor(3))),
+    C("other metadata (constant 5)", lambda: A(_extra_metadata_tensor(3, constant=5))),
+    C("other size", lambda: A(_extra_metadata_tensor(4))),
+    C("plain tensor", lambda: A(t(3))),
+    covers=("TENSOR_MATCH", "TENSOR_SUBCLASS_METADATA_MATCH"),
+)
+def tensor_subclass_metadata(x):
+    return x + 1
+
+
+def _local_two_tensor(*shape):
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    class LocalTwoTensor(TwoTensor):
+        pass
+
+    return LocalTwoTensor(t(*shape), t(*shape))
+
+
+@probe(
+    C("example", lambda: A(_local_two_tensor(3))),
+    C("another local subclass instance", lambda: A(_local_two_tensor(3))),
+    C("TwoTensor", lambda: A(_two_tensor(3))),
     covers=("TENSOR_MATCH", "TENSOR_SUBCLASS_METADATA_MATCH"),
     expect_refusal=True,
 )
-def tensor_subclass(x):
+def tensor_subclass_defined_locally(x):
     return x * 2
 
 

@@ -221,6 +221,10 @@ def without_type_match(entries):
     return [e.guard_type not in ("TYPE_MATCH", "ID_MATCH") for e in entries]
 
 
+def without_type_match_only(entries):
+    return [e.guard_type != "TYPE_MATCH" for e in entries]
+
+
 @dataclasses.dataclass
 class Built:
     code: types.CodeType
@@ -643,6 +647,25 @@ class TestGuardSerialization(GuardSerializationTestCase):
         self.assertIn("Local'> cannot be saved into a torch.compile() package", message)
         self.assertIn("Please define the class at global scope (top level of a module)", message)
 
+    def test_id_match_on_local_class_whose_instance_is_also_guarded(self):
+        # The instance is saved (its class rebuilt), the class's identity is not.
+        class Local:
+            scale = 2
+
+        def fn(x, o):
+            return x * (o.scale if isinstance(o, Local) else 1)
+
+        with self.assertRaises(LocalScopeTypeError) as ctx:
+            build_check_fn_manager(
+                fn, (torch.ones(2), Local()), guard_filter_fn=without_type_match_only
+            )
+        self.assertTrue(
+            str(ctx.exception).startswith(
+                "ID_MATCH guard cannot be serialized. Guarded source: L['Local']. "
+            ),
+            str(ctx.exception),
+        )
+
     def test_id_match_on_none_and_bool(self):
         def fn(x, flag, nothing):
             return x * 2 if flag and nothing is None else x
@@ -747,6 +770,50 @@ class TestGuardSerialization(GuardSerializationTestCase):
             str(ctx.exception),
             """DATA_PTR_MATCH guard cannot be serialized. Guarded source: L['x']. It guards on a tensor's memory address, which has no meaning in another process; pass the tensor as an input instead of capturing it.""",
         )
+
+    @parametrize(
+        "case",
+        ["local_closure", "unpicklable_value", "cpp_shape_guards", "local_class_identity"],
+    )
+    def test_every_refusal_begins_with_upstream_sentence(self, case):
+        # Upstream's first sentence, then the guarded source and our reason.
+        offset = 2
+
+        def local_closure(x):
+            return x + offset
+
+        class Local:
+            pass
+
+        x = torch.ones(5, 2)
+        torch._dynamo.mark_dynamic(x, 0)
+        fn, args, guard_type, source, kwargs, config = {
+            "local_closure": (
+                lambda x, f: f(x), (torch.ones(2), local_closure),
+                "FUNCTION_MATCH", "L['f'].__code__", {}, {},
+            ),
+            "unpicklable_value": (
+                lambda x, h: x + 1,
+                (torch.ones(2), types.SimpleNamespace(it=(i for i in range(3)))),
+                "TYPE_MATCH", "L['h'].it",
+                {"extra_guards": [(AttrSource(LocalSource("h"), "it"), GuardBuilder.TYPE_MATCH)]},
+                {},
+            ),
+            "cpp_shape_guards": (
+                lambda x: x * x.shape[0], (x,), "SHAPE_ENV", None, {},
+                {"enable_cpp_symbolic_shape_guards": True},
+            ),
+            "local_class_identity": (
+                lambda x, o: x + (1 if isinstance(o, Local) else 2), (torch.ones(2), Local()),
+                "ID_MATCH", "L['Local']", {"guard_types": ("ID_MATCH",)}, {},
+            ),
+        }[case]
+        with torch._dynamo.config.patch(config), self.assertRaises(PackageError) as ctx:
+            build_check_fn_manager(fn, args, **kwargs)
+        message = str(ctx.exception)
+        self.assertTrue(message.startswith(f"{guard_type} guard cannot be serialized. "), message)
+        if source is not None:
+            self.assertIn(f" Guarded source: {source}. ", message)
 
     def test_dual_level(self):
         def fn(x):

@@ -99,36 +99,36 @@ SERIALIZATION_REFUSAL_REASONS: dict[str, str] = {
         "it watches a live object for mutation in this process"
     ),
     "TENSOR_SUBCLASS_METADATA_MATCH": (
-        "for tensor subclasses defined in local scope: the metadata check calls the "
-        "subclass's own __tensor_flatten__ / __metadata_guard__, so the class must "
-        "be found again by name; define it at global scope"
+        "refused only for tensor subclasses defined in local scope: the metadata "
+        "check calls the subclass's own __tensor_flatten__ / __metadata_guard__, so "
+        "the class must be found again by name; define it at global scope"
     ),
     "DICT_VERSION": (
         "it guards on a dict's version tag, which is per process (the dict of "
         "registered pytree nodes is the exception: it is saved as a keys match)"
     ),
     "ID_MATCH": (
-        "when the object has no stable name (module, module-level function or "
-        "class, builtin, module attribute): define it at module scope or pass it "
-        "as an input"
+        "refused only when the object has no stable name (module, module-level "
+        "function or class, builtin, module attribute): define it at module scope "
+        "or pass it as an input"
     ),
     "TYPE_MATCH": (
-        "when the class is defined in local scope: the guard compares the class "
-        "itself, which another process cannot find by name (raised as "
+        "refused only when the class is defined in local scope: the guard compares "
+        "the class itself, which another process cannot find by name (raised as "
         "LocalScopeTypeError, a PackageError that is also a TypeError)"
     ),
     "NN_MODULE": (
-        "when the module instance is not reachable from a module by name: keep "
-        "torch._dynamo.config.inline_inbuilt_nn_modules=True (the default) so "
-        "modules are guarded by their attributes, not by identity"
+        "refused only when the module instance is not reachable from a module by "
+        "name: keep torch._dynamo.config.inline_inbuilt_nn_modules=True (the "
+        "default) so modules are guarded by their attributes, not by identity"
     ),
     "TENSOR_MATCH": (
-        "for tensor subclasses defined in local scope and for tensors whose "
-        "dispatch keys a stand-in tensor cannot reproduce (sparse, nested, ...)"
+        "refused only for tensor subclasses defined in local scope and for tensors "
+        "whose dispatch keys a stand-in tensor cannot reproduce (sparse, nested, ...)"
     ),
     "SHAPE_ENV": (
-        "with torch._dynamo.config.enable_cpp_symbolic_shape_guards, which needs "
-        "a C++ compiler at load"
+        "refused only with torch._dynamo.config.enable_cpp_symbolic_shape_guards on: "
+        "those guards need a C++ compiler at load; turn the option off to save them"
     ),
 }
 
@@ -693,11 +693,10 @@ class _StandInConverter:
         if _is_constant(obj):
             return obj
         key = id(obj)
-        if key in self.memo:
-            return self.memo[key]
-        guarded = guarded or key in self.recorded_ids
-        path = self.path_of(obj, path)
-        if key in self.recorder.identity:
+        # An identity guard decides before the memo: the object may have been
+        # converted already as a value (a local class as the class of an
+        # instance), which would not be found again by identity.
+        if key in self.recorder.identity and not isinstance(self.memo.get(key), _NamedRef):
             guard_type, source_name, source = self.recorder.identity[key]
             ref = find_stable_name(
                 obj, source, self.recorder.global_module, self.recorder.values
@@ -718,8 +717,11 @@ class _StandInConverter:
                 )
             self.memo[key] = ref
             return ref
-        result = self._convert_uncached(obj, path, guarded)
-        return result
+        if key in self.memo:
+            return self.memo[key]
+        guarded = guarded or key in self.recorded_ids
+        path = self.path_of(obj, path)
+        return self._convert_uncached(obj, path, guarded)
 
     def _convert_uncached(self, obj, path, guarded):
         key = id(obj)
@@ -812,7 +814,7 @@ class _StandInConverter:
             self.memo[key] = ref
             return ref
         if isinstance(obj, tuple):
-            cls_ref = self._class_ref(type(obj))
+            cls_ref = self._class_ref(type(obj), path)
             if cls_ref is None:
                 return self._unnamed(obj, path, guarded)
             out_t = _TupleSubclassStandIn(cls_ref, ())
@@ -845,14 +847,14 @@ class _StandInConverter:
             )
         return _Placeholder(type(obj).__qualname__)
 
-    def _class_ref(self, cls):
+    def _class_ref(self, cls, path: str):
         """A class by name, or the stand-in of a class defined in local scope."""
         ref = find_stable_name(cls)
         if ref is None and _is_local_class(cls):
-            return self._local_class(cls)
+            return self._local_class(cls, path)
         return ref
 
-    def _local_class(self, cls):
+    def _local_class(self, cls, path: str):
         """See NOTE: [Classes defined in local scope]."""
         if id(cls) in self.memo:
             return self.memo[id(cls)]
@@ -878,11 +880,12 @@ class _StandInConverter:
         self.memo[id(cls)] = stand_in
         bases = []
         for base in cls.__bases__:
-            base_ref = self._class_ref(base)
+            base_ref = self._class_ref(base, path)
             if base_ref is None:
-                raise PackageError(
-                    f"class {cls.__qualname__} (defined in local scope) cannot be "
-                    f"rebuilt: its base {base!r} has no stable name"
+                raise self.refusal(
+                    path,
+                    f"its class {cls.__qualname__}, defined in local scope, cannot be "
+                    f"rebuilt in another process: its base {base!r} has no stable name",
                 )
             bases.append(base_ref)
         stand_in.bases = tuple(bases)
@@ -896,7 +899,7 @@ class _StandInConverter:
         if _is_local_class(obj):
             # Read as a value (HASATTR on a class...), never compared by identity:
             # identity guards were refused in convert().
-            return self._local_class(obj)
+            return self._local_class(obj, path)
         if isinstance(obj, types.FunctionType):
             return _FunctionStandIn(
                 obj.__name__,
@@ -1056,7 +1059,7 @@ class _StandInConverter:
 
     def _object(self, obj, path):
         cls = type(obj)
-        cls_ref = self._class_ref(cls)
+        cls_ref = self._class_ref(cls, path)
         if cls_ref is None:
             raise self.refusal(
                 path,
