@@ -1544,7 +1544,8 @@ def local_module_call_filtered(m, x):
     C("example", lambda: A(make_local_config(), t(3))),
     C("another instance of the local class", lambda: A(make_local_config(), t(3))),
     C("scale 3", lambda: A(make_local_config(scale=3), t(3))),
-    C("Box without offset", lambda: A(Box(scale=2), t(3))),
+    C("an object without offset", lambda: A(types.SimpleNamespace(scale=2), t(3))),
+    C("Box with the same attributes (its class is not guarded)", lambda: A(Box(scale=2), t(3))),
     covers=("HASATTR", "CONSTANT_MATCH"),
     keep_guard=not_on_local_class_identity,
 )

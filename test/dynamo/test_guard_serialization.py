@@ -184,6 +184,10 @@ def doubled(x):
     return x * 2
 
 
+class TaggedTensor(torch.Tensor):
+    """A tensor subclass with no __tensor_flatten__ (torch function only)."""
+
+
 def make_local_module(out_features=2):
     # Most tests and notebooks define their module class inside a function.
     class LocalModule(torch.nn.Module):
@@ -488,6 +492,30 @@ class TestGuardSerialization(GuardSerializationTestCase):
             "TENSOR_MATCH": [{"x": tensor(4, 3)}, {"x": TwoTensor(torch.randn(2), torch.randn(2))}],
         }[guard_type]
         self.assert_same_decisions(built, loaded, accepted, rejected)
+
+    def test_tensor_subclass_without_flatten(self):
+        # A torch-function subclass (no __tensor_flatten__): its stand-in is a
+        # plain one viewed as_subclass; the guards on its inherited
+        # __torch_function__ name it through torch.Tensor.
+        def fn(x):
+            return x + 1
+
+        def tagged(*shape):
+            return torch.randn(*shape).as_subclass(TaggedTensor)
+
+        with torch._dynamo.config.patch(traceable_tensor_subclasses={TaggedTensor}):
+            built = build_check_fn_manager(fn, (tagged(3),))
+            loaded = load_check_fn_manager(built)
+            self.assert_same_decisions(
+                built,
+                loaded,
+                accepted=[{"x": tagged(3)}],
+                rejected=[
+                    {"x": torch.randn(3)},
+                    {"x": tagged(4)},
+                    {"x": TwoTensor(torch.randn(3), torch.randn(3))},
+                ],
+            )
 
     @parametrize("guard_type", ["TENSOR_SUBCLASS_METADATA_MATCH", "TENSOR_MATCH", "TYPE_MATCH"])
     def test_tensor_subclass_defined_in_local_scope_is_refused(self, guard_type):

@@ -12,7 +12,8 @@ the same C++ GuardManager tree from it.
 Provides :class:`GuardsState`, :class:`OutputGraphGuardsState`,
 :func:`pickle_guards_state`, :func:`load_guards_state` (a restricted unpickler),
 the refusal policy (:data:`UNSUPPORTED_SERIALIZATION_GUARD_TYPES`,
-:data:`SERIALIZATION_REFUSAL_REASONS`) and the recorder the GuardBuilder reports to.
+:data:`SERIALIZATION_REFUSAL_REASONS`, :func:`refusal_message`,
+:class:`LocalScopeTypeError`) and the recorder the GuardBuilder reports to.
 
 # NOTE: [Guard serialization by recorded values]
 # The GuardBuilder decides everything from values it reads with ``self.get(name)``
@@ -471,7 +472,8 @@ def _resolve_path(root, path: str):
 # wrapper, whose ``__wrapped__`` is the original function (which keeps its own
 # ``__module__`` and ``__qualname__``). A guard on the original (FUNCTION_MATCH
 # on ``L['fn'].__code__`` when the wrapper is the compiled frame) names it by
-# the wrapper's name plus ``.__wrapped__``, once per decorator.
+# the wrapper's name plus ``.__wrapped__``, once per decorator. Likewise the
+# function of a classmethod is its name plus ``.__func__``.
 _MAX_WRAPPED_DEPTH = 8
 
 
@@ -527,6 +529,9 @@ def find_stable_name(
                 named = None
             if named is obj:
                 return _NamedRef(module, qualname)
+            if isinstance(named, types.MethodType) and named.__func__ is obj:
+                # the function of a classmethod, reached through its class
+                return _NamedRef(module, f"{qualname}.__func__")
             wrapped_path = _wrapped_path(named, obj)
             if wrapped_path is not None:
                 return _NamedRef(module, f"{qualname}{wrapped_path}")
