@@ -672,8 +672,13 @@ class TestGuardSerialization(GuardSerializationTestCase):
         self.assertIsInstance(ctx.exception, PackageError)
         message = str(ctx.exception)
         self.assertTrue(message.startswith("ID_MATCH guard cannot be serialized. "), message)
-        self.assertIn("Local'> cannot be saved into a torch.compile() package", message)
-        self.assertIn("Please define the class at global scope (top level of a module)", message)
+        # upstream's sentence, for code that matches it
+        self.assertIn(
+            "Local'> cannot be saved into torch.compile() package since it's defined "
+            "in local scope. Please define the class at global scope (top level of a "
+            "module)",
+            message,
+        )
 
     def test_id_match_on_local_class_whose_instance_is_also_guarded(self):
         # The instance is saved (its class rebuilt), the class's identity is not.
@@ -925,7 +930,7 @@ class TestGuardSerialization(GuardSerializationTestCase):
         self.assertIsInstance(ctx.exception, PackageError)
         self.assertExpectedInline(
             str(ctx.exception).replace(__name__, "<test module>"),
-            """TYPE_MATCH guard cannot be serialized. Guarded source: L['o']. Type <class '<test module>.make_local_object.<locals>.LocalConfig'> cannot be saved into a torch.compile() package since it's defined in local scope (make_local_object.<locals>.LocalConfig). Please define the class at global scope (top level of a module): a class defined at module scope is found again by its name.""",
+            """TYPE_MATCH guard cannot be serialized. Guarded source: L['o']. Type <class '<test module>.make_local_object.<locals>.LocalConfig'> cannot be saved into torch.compile() package since it's defined in local scope. Please define the class at global scope (top level of a module): a class defined at module scope is found again by its name.""",
         )
 
     @parametrize(

@@ -206,11 +206,12 @@ def refusal_message(guard_type: str, source_name: str, detail: str = "") -> str:
 
 def local_class_detail(cls: type) -> str:
     """Why a guard on ``cls`` (a class defined in local scope) cannot be saved."""
+    # upstream's wording, so that code matching it keeps matching
     return (
-        f"Type {cls!r} cannot be saved into a torch.compile() package since it's "
-        f"defined in local scope ({cls.__qualname__}). Please define the class at "
-        "global scope (top level of a module): a class defined at module scope is "
-        "found again by its name"
+        f"Type {cls!r} cannot be saved into torch.compile() package since it's "
+        "defined in local scope. Please define the class at global scope (top "
+        "level of a module): a class defined at module scope is found again by "
+        "its name"
     )
 
 
