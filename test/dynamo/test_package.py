@@ -66,7 +66,9 @@ if mode == "save":
         compiled.save_package()
     report["warnings"] = [str(w.message) for w in caught if "package" in str(w.message)]
     with open(os.path.join(package_dir, "manifest.json")) as f:
-        report["entries"] = json.load(f)["entries"]
+        manifest = json.load(f)
+    report["entries"] = manifest["entries"]
+    report["skipped_frames"] = manifest.get("skipped_frames", 0)
 else:
     compiled.load_package()
     from torch._dynamo.utils import counters
@@ -422,6 +424,7 @@ class PackageTestCase(torch._dynamo.test_case.TestCase):
         self.assertTrue((package / "manifest.json").exists())
         report = self.run_process("load", case, package, **load_env)
         report["saved_entries"] = saved["entries"]
+        report["saved_skipped_frames"] = saved["skipped_frames"]
         return report
 
     def assert_loaded_without_compiling(self, report, expected_results):
@@ -465,6 +468,14 @@ class TestPackage(PackageTestCase):
     def test_builtin_module(self, kind):
         report = self.save_and_load("builtin_module", "eager", {"KIND": kind})
         self.assertGreaterEqual(report["saved_entries"], 1)
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
+
+    def test_module_dynamo_does_not_compile(self):
+        # With config.allow_rnn off Dynamo runs nn.LSTM eagerly: nothing is
+        # compiled, and the package records that, so that a fresh process runs
+        # it eagerly too instead of tracing it again.
+        report = self.save_and_load("builtin_module", "eager", {"KIND": "lstm"})
+        self.assertEqual((report["saved_entries"], report["saved_skipped_frames"]), (0, 1))
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
 
     def test_builtin_module_inductor(self):

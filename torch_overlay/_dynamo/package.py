@@ -42,6 +42,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import importlib
 import inspect
@@ -239,6 +240,7 @@ def _code_fingerprint(code: types.CodeType) -> str:
     return found
 
 
+@functools.cache
 def _inline_wrapper_code() -> types.CodeType:
     """The code of the frame Dynamo compiles for a module whose forward it skips
     (OptimizedModule wraps such a module with external_utils.wrap_inline)."""
@@ -805,6 +807,9 @@ class _BuiltinsOnlyUnpickler(pickle.Unpickler):
         )
 
 
+_NOT_YET = object()
+
+
 class CompilePackage:
     """The compiled entries of one ``torch.compile()``; see the module docstring."""
 
@@ -817,6 +822,11 @@ class CompilePackage:
         self._unsaveable: list[str] = []
         # Entries read from a package: checked when they were first saved.
         self._entries_from_packages: set[int] = set()
+        # Frames Dynamo decided not to compile (NOTE: [Frames Dynamo skips]):
+        # entries with no bytecode and no guards.
+        self.skipped: list[_Entry] = []
+        self._loaded_skips: list[_Entry] = []
+        self._inline_wrapped: Any = _NOT_YET
         self._loaded: list[_LoadedEntry] = []
         self._loaded_graph_blobs: dict[str, bytes] = {}
         self._loaded_kernels: dict[str, bytes] = {}
@@ -840,10 +850,16 @@ class CompilePackage:
         """(module, qualname) of the root module's class when torch.compile runs
         it through Dynamo's inline wrapper; see NOTE: [Keys of package entries]."""
         module = self._fn
-        if not isinstance(module, torch.nn.Module) or not _compiled_through_inline_wrapper(module):
+        if not isinstance(module, torch.nn.Module):
             return None
-        cls = type(module)
-        return (cls.__module__, cls.__qualname__)
+        if self._inline_wrapped is _NOT_YET:
+            cls = type(module)
+            self._inline_wrapped = (
+                (cls.__module__, cls.__qualname__)
+                if _compiled_through_inline_wrapper(module)
+                else None
+            )
+        return self._inline_wrapped
 
     def _key_for(self, code, f_globals) -> tuple:
         if code is _inline_wrapper_code():
@@ -880,6 +896,35 @@ class CompilePackage:
                 guards_state=guards_state,
                 global_module=f_globals.get("__name__"),
                 globals=global_refs,
+            )
+        )
+
+    # NOTE: [Frames Dynamo skips]
+    # When Dynamo decides not to compile a frame (it compiled nothing: e.g. the
+    # first call graph-breaks, as on nn.LSTM with config.allow_rnn off), it
+    # marks the code to run eagerly from then on. A fresh process would make
+    # that decision again, by tracing the frame: a recompile, and an error under
+    # set_stance("fail_on_recompile"). The package records the decision (for
+    # frames Dynamo could have compiled: user code with tensors) and replays
+    # it, after the saved entries of that code.
+    def record_skip(self, frame) -> None:
+        """Called after Dynamo decided not to compile ``frame``'s code."""
+        from torch._dynamo import trace_rules
+        from torch._dynamo.convert_frame import has_tensor_in_frame, output_codes
+
+        code = frame.f_code
+        if code in output_codes or trace_rules.check(code) or not has_tensor_in_frame(frame):
+            return
+        key = self._key_for(code, frame.f_globals)
+        if any(skip.code_key == key for skip in self.skipped):
+            return
+        self.skipped.append(
+            _Entry(
+                code_key=key,
+                out_code=b"",
+                guards_state=b"",
+                global_module=frame.f_globals.get("__name__"),
+                globals={},
             )
         )
 
@@ -973,7 +1018,7 @@ class CompilePackage:
                 )
                 continue
             kept.append(entry)
-        kept = self._keep_resolvable(kept)
+        kept = self._keep_resolvable(kept + self.skipped)
         graphs_kept = {
             ref[1] for entry in kept for ref in entry.globals.values() if ref[0] == "graph"
         }
@@ -996,7 +1041,8 @@ class CompilePackage:
             )
             or "cpu",
             "backend": self.backend.kind if self.backend else None,
-            "entries": len(kept),
+            "entries": sum(1 for entry in kept if entry.out_code),
+            "skipped_frames": sum(1 for entry in kept if not entry.out_code),
             "files": {name: _sha256(data) for name, data in sorted(files.items())},
         }
         return files, manifest
@@ -1013,7 +1059,8 @@ class CompilePackage:
                 for ref in entry.globals.values():
                     if ref[0] == "resume":
                         carried.add(_code_fingerprint(marshal.loads(ref[2])))
-                for nested in _nested_codes(marshal.loads(entry.out_code)):
+                nested_codes = _nested_codes(marshal.loads(entry.out_code)) if entry.out_code else ()
+                for nested in nested_codes:
                     if _is_resume_code(nested):
                         carried.add(_code_fingerprint(nested))
             still_kept = []
@@ -1117,13 +1164,17 @@ class CompilePackage:
             isinstance(g, _PackagedInductorGraph) for g in graphs.values()
         ):
             _trust_recorded_vec_isa()
+        self._entries_from_packages |= {id(entry) for entry in entries}
+        skips = [entry for entry in entries if not entry.out_code]
+        entries = [entry for entry in entries if entry.out_code]
+        self.skipped.extend(skips)
+        self._loaded_skips.extend(skips)
         installed = []
         for entry in entries:
             loaded = self._install_loaded(entry, graphs)
             if loaded is not None:
                 installed.append(loaded)
         self.entries.extend(entries)
-        self._entries_from_packages |= {id(entry) for entry in entries}
         return installed
 
     def _install_loaded(self, entry: _Entry, graphs: dict) -> None:
@@ -1161,8 +1212,9 @@ class CompilePackage:
         return loaded
 
     def lookup(self, frame, cache_entry):
-        """A saved entry whose guards accept this frame, installed; else None."""
-        if not self._loaded:
+        """A saved entry whose guards accept this frame, installed; SKIP_FRAME
+        for a code the package records as skipped; else None."""
+        if not self._loaded and not self._loaded_skips:
             return None
         from torch._dynamo.convert_frame import input_codes, orig_code_map, output_codes
         from torch._dynamo.guards import CheckFunctionManager
@@ -1213,7 +1265,15 @@ class CompilePackage:
                 CompileId(-1, 0),
                 "Torch-Compiled Region: loaded from package",
             )
+        if any(self._entry_matches(skip, code) for skip in self._loaded_skips):
+            input_codes.add(code)
+            return SKIP_FRAME
         return None
+
+
+# What CompilePackage.lookup returns for a frame whose code the package
+# records as skipped (NOTE: [Frames Dynamo skips]).
+SKIP_FRAME = object()
 
 
 class PackageAwareConvertFrame:
@@ -1231,6 +1291,9 @@ class PackageAwareConvertFrame:
         guarded = self.package.lookup(frame, cache_entry)
         if guarded is None:
             return None
+        if guarded is SKIP_FRAME:
+            # What Dynamo returns for a frame it does not compile.
+            return ConvertFrameReturn()
         return ConvertFrameReturn(
             frame_exec_strategy=FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT),
             guarded_code=guarded,
@@ -1241,7 +1304,24 @@ class PackageAwareConvertFrame:
         if hit is not None:
             return hit
         with _recording(self.package):
-            return self._inner(frame, cache_entry, hooks, frame_state, **kwargs)
+            result = self._inner(frame, cache_entry, hooks, frame_state, **kwargs)
+        if _skips_code(result):
+            self.package.record_skip(frame)
+        return result
+
+
+def _skips_code(result) -> bool:
+    """Whether a frame callback's result runs this code eagerly from now on."""
+    from torch._dynamo.types import FrameAction
+
+    strategy = getattr(result, "frame_exec_strategy", None)
+    return (
+        result is not None
+        and getattr(result, "guarded_code", None) is None
+        and getattr(result, "apply_to_code", False)
+        and strategy is not None
+        and strategy.cur_action == FrameAction.SKIP
+    )
 
 
 def find_precompiled_lookup(callback):
