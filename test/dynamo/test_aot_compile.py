@@ -285,6 +285,40 @@ def add_one_and_double(x):
     return (x + 1) * 2
 
 
+WRAPPED_MODULE = """
+import functools
+import torch
+
+def traced(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs) + 1
+    return wrapper
+
+@traced
+def scaled(x):
+    return x * 3
+"""
+
+
+WRAPPED_ROUND_TRIP = """
+import json, sys, torch
+sys.path.insert(0, {dir!r})
+import wrapped_models
+x = torch.arange(4.0)
+if sys.argv[1] == "save":
+    with torch._dynamo.config.patch("enable_aot_compile", True):
+        fn = torch.compile(wrapped_models.scaled, fullgraph=True, backend="eager")
+        fn.aot_compile(((x,), {{}})).save_compiled_function({path!r})
+else:
+    from torch._dynamo.utils import counters
+    with torch.compiler.set_stance("fail_on_recompile"):
+        loaded = torch.compiler.load_compiled_function({path!r})
+        same = bool(torch.equal(loaded(x), wrapped_models.scaled(x)))
+    print("REPORT" + json.dumps({{"same": same, "traced_graphs": counters["stats"]["unique_graphs"]}}))
+"""
+
+
 class TestAOTCompile(torch._dynamo.test_case.TestCase):
     def setUp(self):
         super().setUp()
@@ -441,6 +475,26 @@ class TestAOTCompile(torch._dynamo.test_case.TestCase):
             loaded = torch.compiler.load_compiled_function(path)
             x, y = torch.randn(2), torch.randn(2)
             self.assertEqual(loaded(x, y), scaled_sum(x, y))
+
+    def test_function_decorated_with_functools_wraps_loads_in_fresh_process(self):
+        # The guards hold a FUNCTION_MATCH on the wrapped function, and the
+        # wrapper's code is named after the decorator: both are found again by
+        # the decorated function's own name.
+        (self.tmp / "wrapped_models.py").write_text(WRAPPED_MODULE)
+        path = str(self.tmp / "wrapped.pt")
+        script = WRAPPED_ROUND_TRIP.format(dir=str(self.tmp), path=path)
+        results = [
+            subprocess.run(
+                [sys.executable, "-c", script, mode],
+                cwd=self.tmp, capture_output=True, text=True,
+            )
+            for mode in ("save", "load")
+        ]
+        for proc in results:
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        out = results[1].stdout
+        report = json.loads(out.split("REPORT", 1)[1])
+        self.assertEqual(report, {"same": True, "traced_graphs": 0})
 
     def test_local_function_is_a_package_error_in_a_process_without_it(self):
         path = str(self.tmp / "local_fn.pt")

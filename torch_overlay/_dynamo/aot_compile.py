@@ -41,6 +41,7 @@ import logging
 import marshal
 import os
 import pickle
+import sys
 import types
 import weakref
 from typing import Any, Callable, Optional
@@ -50,7 +51,6 @@ from torch._dynamo.exc import PackageError
 
 from .package import (
     _CUSTOM_BACKEND,
-    _resolve_code,
     CompilePackage,
     read_archive,
     write_archive,
@@ -121,7 +121,9 @@ class AOTCompiledFunction:
 
     def __init__(self, fn, out_code, f_globals, guards_state: bytes, package: CompilePackage):
         self._fn = fn
-        self._signature = inspect.signature(fn)
+        # The frame's locals are those of fn's own code: a functools.wraps
+        # wrapper's (*args, **kwargs), not the wrapped function's parameters.
+        self._signature = inspect.signature(fn, follow_wrapped=False)
         self._package = package
         self._guards_state = guards_state
         self._compiled = types.FunctionType(
@@ -199,6 +201,7 @@ class AOTCompiledFunction:
                 f"is not serializable ({'; '.join(fn._package._unsaveable) or 'see warnings'})"
             )
         manifest["aot_compile"] = {
+            "module": fn._fn.__module__,
             "qualname": fn._fn.__qualname__,
             "code": _code_fingerprint(fn._fn.__code__),
         }
@@ -289,7 +292,7 @@ def load_compiled_function(file) -> AOTCompiledFunction:
     if len(loaded) != 1:
         raise PackageError(f"{where} holds {len(loaded)} entries, not one")
     entry = loaded[0]
-    fn = _function_of(entry.entry.code_key, manifest["aot_compile"].get("code"), where)
+    fn = _function_of(entry.entry.code_key, manifest["aot_compile"], where)
     return AOTCompiledFunction(
         fn, entry.out_code, entry.f_globals, entry.entry.guards_state, package
     )
@@ -305,22 +308,33 @@ def load_compiled_function(file) -> AOTCompiledFunction:
 # or defaults, which one was meant is unknowable: a PackageError too.
 
 
-def _function_of(code_key, code_fingerprint, where):
-    _, module_name, qualname = code_key
+def _function_of(code_key, saved: Any, where):
+    """The live function an aot_compile'd entry belongs to: by the function's own
+    module and qualified name as saved (a functools.wraps wrapper carries the
+    wrapped function's, not its code's), else by its code's."""
+    if not isinstance(saved, dict):
+        raise PackageError(f"{where}: the manifest's aot_compile field is not an object")
+    _, code_module, code_qualname = code_key
+    module_name = saved.get("module", code_module)
+    qualname = saved.get("qualname", code_qualname)
+    code_fingerprint = saved.get("code")
+    if not isinstance(module_name, str) or not isinstance(qualname, str):
+        raise PackageError(f"{where}: the manifest names no function to load into")
     if "<locals>" in qualname:
         return _live_local_function(module_name, qualname, code_fingerprint, where)
-    code = _resolve_code(code_key, [])
-    if code is None:
+    obj: Any = sys.modules.get(module_name)
+    try:
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        obj = None
+    fn = getattr(obj, "__func__", obj)
+    if not isinstance(fn, types.FunctionType):
         raise PackageError(
             f"{where} was compiled from {qualname} in module {module_name}, which "
             "cannot be found in this process"
         )
-    import sys
-
-    obj: Any = sys.modules[module_name]
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return getattr(obj, "__func__", obj)
+    return fn
 
 
 def _live_local_function(module_name, qualname, code_fingerprint, where):
