@@ -561,6 +561,41 @@ def kernel_hash(argtypes, source_code: str) -> str:
     return _sha256(repr(list(argtypes)).encode() + b"\0" + normalized.encode())
 
 
+# NOTE: [Extern kernels of packaged graphs]
+# Generated wrapper code calls ATen kernels as ``extern_kernels.<name>``, a
+# namespace Inductor fills by importing its lowering modules (seconds). A graph
+# is saved with the kernels its code names, each only if pickling gives back
+# the very same object (builtins such as torch.addmm), and the loader
+# registers them before the code runs; any other name fills the namespace on
+# first use, the way a compile would.
+_EXTERN_KERNEL_NAME = re.compile(r"\bextern_kernels\.(\w+)")
+
+
+def _extern_kernels(*graph_blobs: Optional[bytes]) -> dict[str, Any]:
+    """The picklable extern kernels the graphs' wrapper code calls, by name."""
+    from torch._inductor.select_algorithm import extern_kernels
+
+    kernels = {}
+    for blob in graph_blobs:
+        if blob is None:
+            continue
+        for name in set(_EXTERN_KERNEL_NAME.findall(pickle.loads(blob).source_code)):
+            kernel = vars(extern_kernels).get(name)
+            try:
+                if kernel is not None and pickle.loads(pickle.dumps(kernel)) is kernel:
+                    kernels[name] = kernel
+            except Exception:
+                log.debug("package: extern kernel %s is not picklable", name)
+    return kernels
+
+
+def _register_extern_kernels(kernels: dict[str, Any]) -> None:
+    from torch._inductor.runtime.runtime_utils import extern_kernels
+
+    for name, kernel in kernels.items():
+        vars(extern_kernels).setdefault(name, kernel)
+
+
 def _compiled_fx_graph_blob(key: str) -> bytes:
     from torch._inductor.codecache import FxGraphCache
 
@@ -634,6 +669,7 @@ def serialize_graph(record: _GraphRecord) -> tuple[bytes, dict[str, bytes]]:
             ]
         },
         "vec_isa": str(pick_vec_isa()),
+        "extern_kernels": _extern_kernels(fw_blob, bw_blob),
     }
     buf = io.BytesIO()
     torch.save(payload, buf)
@@ -693,12 +729,14 @@ class _PackagedInductorGraph:
 
         entry = pickle.loads(self.payload["entry"])
         redirect = self.redirect
+        extern_kernel_refs = self.payload.get("extern_kernels", {})
 
         def loadable(base, original, blob):
             class _Embedded(base):
                 def load(self, example_inputs, fx_config):
                     graph = pickle.loads(blob)
                     constants = CompiledFxGraphConstants()
+                    _register_extern_kernels(extern_kernel_refs)
                     with redirect.active():
                         graph.after_deserialization(constants)
                     graph.post_compile(example_inputs, fx_config["cudagraphs"], constants)
