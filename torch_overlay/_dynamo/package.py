@@ -58,6 +58,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import types
 import warnings
 import weakref
@@ -1153,6 +1154,7 @@ class CompilePackage:
 
     def load_files(self, files, manifest, path, kernel_dir: Optional[Path] = None):
         """Install entries from a package's verified files (directory or archive)."""
+        started = time.perf_counter()
         self._loaded_devices |= set(manifest.get("device", "cpu").split(","))
         for name, digest in manifest["files"].items():
             if name not in files:
@@ -1169,6 +1171,7 @@ class CompilePackage:
                 if name.startswith("kernels/"):
                     (kernel_dir / "kernels").mkdir(exist_ok=True)
                     (kernel_dir / name).write_bytes(data)
+        verified = time.perf_counter()
         try:
             raw_entries = _BuiltinsOnlyUnpickler(io.BytesIO(files[_DYNAMO_FILE])).load()
             entries = [_Entry(*fields) for fields in raw_entries]
@@ -1202,6 +1205,7 @@ class CompilePackage:
             isinstance(g, _PackagedInductorGraph) for g in graphs.values()
         ):
             _trust_recorded_vec_isa()
+        unpickled = time.perf_counter()
         self._entries_from_packages |= {id(entry) for entry in entries}
         skips = [entry for entry in entries if not entry.out_code]
         entries = [entry for entry in entries if entry.out_code]
@@ -1213,6 +1217,24 @@ class CompilePackage:
             if loaded is not None:
                 installed.append(loaded)
         self.entries.extend(entries)
+        finished = time.perf_counter()
+        # Seconds per phase of the last load. Guard managers are built on a
+        # frame's first lookup and kernel binaries load when a graph first runs.
+        self.load_stats = {
+            "entries": len(installed),
+            "kernels": len(kernel_paths),
+            "verify_s": verified - started,
+            "unpickle_s": unpickled - verified,
+            "install_s": finished - unpickled,
+            "total_s": finished - started,
+        }
+        log.info(
+            "loaded package %s: %d entries, %d kernels in %.3f s",
+            path,
+            len(installed),
+            len(kernel_paths),
+            finished - started,
+        )
         return installed
 
     def _install_loaded(self, entry: _Entry, graphs: dict) -> None:
