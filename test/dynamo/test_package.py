@@ -533,6 +533,15 @@ class TestPackage(PackageTestCase):
             with self.assertRaisesRegex(PackageError, "helper .* could not find its code"):
                 compiled.save_package()
 
+    def test_package_with_nothing_in_it_warns_at_save(self):
+        compiled = torch.compile(_scaled_sum, backend="eager", package=str(self.tmp / "pkg"))
+        with self.assertWarnsRegex(UserWarning, "holds no entries: nothing was compiled"):
+            compiled.save_package()
+        compiled(torch.randn(2, 3))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            compiled.save_package()
+
     def test_several_recompiles_in_one_package(self):
         report = self.save_and_load("recompiles", "eager")
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 3)

@@ -1024,6 +1024,13 @@ class CompilePackage:
         if path is None:
             raise PackageError("no package path: pass torch.compile(..., package=path)")
         files, manifest = self.collect_files()
+        if not manifest["entries"] and not manifest["skipped_frames"]:
+            warnings.warn(
+                f"torch.compile package {path} holds no entries: nothing was compiled "
+                "under it (call the compiled function before save_package), or every "
+                "entry was left out",
+                stacklevel=2,
+            )
         _write_atomically(Path(path), files, manifest)
         log.info("saved %d entries to %s", manifest["entries"], path)
         return str(path)
