@@ -1,0 +1,168 @@
+# Owner(s): ["module: dynamo"]
+"""What loading precompiled code imports: the runtime, not the compiler.
+
+A compile package and an aot_compile'd function are saved by one interpreter and
+loaded by a FRESH one with an empty TORCHINDUCTOR_CACHE_DIR. After the load and
+the first call under ``set_stance("fail_on_recompile")``, none of
+:data:`COMPILE_ONLY_MODULES` may have been imported. Then a call that misses
+compiles in that same process, imports them, and must give eager's result.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import torch._dynamo.test_case
+
+
+# NOTE: [Compile-only modules]
+# Inductor's compiler: lowering and its mm templates, pattern matching and the
+# FX passes, the scheduler and codegen (whose C++ wrapper imports the hipify
+# tables), and compile_fx that drives them. Loading a package or an
+# aot_compile'd function runs the generated wrapper code and the kernels' .so
+# files, which need none of these (patches
+# inductor-torch.compile-s-Inductor-wrapper-reads-its-config-without-importing-compile_fx
+# and inductor-Generated-wrapper-code-imports-extern_kernels-and-align-from-runtime-modules).
+COMPILE_ONLY_MODULES = [
+    "torch._inductor.compile_fx",
+    "torch._inductor.lowering",
+    "torch._inductor.select_algorithm",
+    "torch._inductor.pattern_matcher",
+    "torch._inductor.decomposition",
+    "torch._inductor.fx_passes.joint_graph",
+    "torch._inductor.fx_passes.post_grad",
+    "torch._inductor.kernel.mm",
+    "torch._inductor.graph",
+    "torch._inductor.ir",
+    "torch._inductor.scheduler",
+    "torch._inductor.codegen.wrapper",
+    "torch._inductor.codegen.memory_planning",
+    "torch._inductor.codegen.cpp",
+    "torch._inductor.codegen.cpp_wrapper_cpu",
+    "torch.utils.hipify.hipify_python",
+]
+
+MODEL = """
+import torch
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear1 = torch.nn.Linear(16, 32)
+        self.linear2 = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.linear2(torch.relu(self.linear1(x)))
+
+
+def make():
+    torch.manual_seed(0)
+    return MLP().eval()
+"""
+
+SAVE = """
+import sys
+import torch
+import load_imports_model
+
+model = load_imports_model.make()
+x = torch.randn(4, 16)
+with torch.no_grad():
+    if sys.argv[1] == "package":
+        compiled = torch.compile(model, package=sys.argv[2])
+        compiled(x)
+        compiled.save_package()
+    else:
+        with torch._dynamo.config.patch("enable_aot_compile", True):
+            fn = torch.compile(model, fullgraph=True).forward.aot_compile(((x,), {}))
+        fn.save_compiled_function(sys.argv[2])
+"""
+
+LOAD = """
+import json, sys
+import torch
+import load_imports_model
+
+compile_only = json.loads(sys.argv[3])
+model = load_imports_model.make()
+x = torch.randn(4, 16)
+report = {}
+with torch.no_grad():
+    expected = model(x)
+    if sys.argv[1] == "package":
+        compiled = torch.compile(model, package=sys.argv[2])
+        compiled.load_package()
+        with torch.compiler.set_stance("fail_on_recompile"):
+            out = compiled(x)
+    else:
+        with torch.compiler.set_stance("fail_on_recompile"):
+            loaded = torch.compiler.load_compiled_function(sys.argv[2])
+            out = loaded(model, x)
+        compiled = torch.compile(model)
+    report["loaded_same"] = torch.allclose(out, expected)
+    report["imported_at_load"] = [m for m in compile_only if m in sys.modules]
+    # A call the loaded guards reject (another batch size) compiles here.
+    y = torch.randn(7, 16)
+    report["miss_same"] = torch.allclose(compiled(y), model(y))
+    report["frames_compiled"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+report["imported_after_miss"] = [m for m in compile_only if m in sys.modules]
+print("REPORT" + json.dumps(report))
+"""
+
+
+class TestLoadImports(torch._dynamo.test_case.TestCase):
+    def setUp(self):
+        super().setUp()
+        self.tmp = Path(tempfile.mkdtemp(prefix="load-imports-test-"))
+        (self.tmp / "load_imports_model.py").write_text(textwrap.dedent(MODEL))
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        super().tearDown()
+
+    def run_fresh(self, script, *args):
+        env = {
+            **os.environ,
+            "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(dir=self.tmp, prefix="empty-cache-"),
+        }
+        proc = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(script), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=self.tmp,  # not the repo: a wheel run must not import torch_overlay
+        )
+        if proc.returncode != 0:
+            self.fail(f"process failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        reports = [l for l in proc.stdout.splitlines() if l.startswith("REPORT")]
+        return json.loads(reports[-1][len("REPORT") :]) if reports else None
+
+    def check_loads_only_the_runtime(self, kind):
+        artifact = str(self.tmp / f"saved-{kind}")
+        self.run_fresh(SAVE, kind, artifact)
+        report = self.run_fresh(LOAD, kind, artifact, json.dumps(COMPILE_ONLY_MODULES))
+        self.assertTrue(report["loaded_same"])
+        self.assertEqual(report["imported_at_load"], [])
+        # The miss really compiled with Inductor, and correctly.
+        self.assertTrue(report["miss_same"])
+        self.assertGreaterEqual(report["frames_compiled"], 1)
+        self.assertIn("torch._inductor.compile_fx", report["imported_after_miss"])
+        self.assertIn("torch._inductor.lowering", report["imported_after_miss"])
+
+    def test_package_load_imports_only_the_runtime(self):
+        self.check_loads_only_the_runtime("package")
+
+    def test_load_compiled_function_imports_only_the_runtime(self):
+        self.check_loads_only_the_runtime("aot")
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()
