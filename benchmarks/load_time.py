@@ -107,6 +107,18 @@ CONFIGS = [
 ]
 
 
+COLD = "torch.compile, empty cache (cold)"
+
+
+def config_id(config) -> str:
+    """Short name of a CONFIGS row: eager, compile, compile-warm, megacache,
+    package, aot, upstream-aot, upstream-aot-warm."""
+    label, interpreter, overlay, kind, prime, cache_mode = config
+    prefix = "upstream-" if interpreter == "upstream" else ""
+    suffix = "-warm" if cache_mode == "primed" else ""
+    return prefix + kind + suffix
+
+
 def _env(overlay: bool, cache: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_OVERLAY")}
     env["TORCHINDUCTOR_CACHE_DIR"] = cache
@@ -133,15 +145,201 @@ def _child(interpreter, overlay, cache, body, model, artifact, measure=True) -> 
     return float(line.split()[1]) - started
 
 
-def measure_config(config, model, workdir: Path) -> float:
+def measure_config(config, model, workdir: Path, primed: dict) -> float:
+    """One fresh measured process. What it loads is primed once per (config,
+    model) and shared by the runs; an empty cache is a new one every run."""
     label, interpreter, overlay, kind, prime, cache_mode = config
-    run_dir = Path(tempfile.mkdtemp(dir=workdir))
-    artifact = str(run_dir / "artifact")
-    primed_cache = str(run_dir / "primed-cache")
-    if prime is not None:
-        _child(interpreter, overlay, primed_cache, PRIME[prime], model, artifact, measure=False)
-    cache = primed_cache if cache_mode == "primed" else str(run_dir / "empty-cache")
+    if (label, model) not in primed:
+        prime_dir = Path(tempfile.mkdtemp(dir=workdir))
+        artifact = str(prime_dir / "artifact")
+        primed_cache = str(prime_dir / "primed-cache")
+        if prime is not None:
+            _child(interpreter, overlay, primed_cache, PRIME[prime], model, artifact, measure=False)
+        primed[(label, model)] = (artifact, primed_cache)
+    artifact, primed_cache = primed[(label, model)]
+    cache = primed_cache if cache_mode == "primed" else tempfile.mkdtemp(dir=workdir)
     return _child(interpreter, overlay, cache, MEASURED[kind], model, artifact)
+
+
+# NOTE: [Phases of a load]
+# A package load, one fresh process, split where the time goes: importing
+# torch; importing the Dynamo runtime (torch._dynamo, its guards and the
+# package loader); building the model and wrapping it with torch.compile; the
+# loader's own phases from CompilePackage.load_stats (reading the files with
+# the manifest and sha256 check, unpickling entries and graphs, installing
+# entries); then on the first call under fail_on_recompile the guard build
+# (CheckFunctionManager in load mode), the graph hydration (kernel .so load,
+# AOTAutograd's runtime wrappers) and the rest of the call. The two first-call
+# phases are timed by wrapping the classes the loader calls.
+PHASES = r"""
+import sys, time, json
+import torch
+imported_torch = time.time()
+import torch._dynamo
+import torch._dynamo.guards as guards_module
+import torch._dynamo.package as package_module
+imported_dynamo = time.time()
+sys.path.insert(0, {bench!r})
+import models
+
+timed = {{"guard_build_s": 0.0, "hydrate_s": 0.0}}
+base_manager = guards_module.CheckFunctionManager
+
+
+class TimedCheckFunctionManager(base_manager):
+    def __init__(self, *args, **kwargs):
+        started = time.perf_counter()
+        super().__init__(*args, **kwargs)
+        timed["guard_build_s"] += time.perf_counter() - started
+
+
+guards_module.CheckFunctionManager = TimedCheckFunctionManager
+hydrate = package_module._PackagedInductorGraph._hydrate
+
+
+def timed_hydrate(self, full_args):
+    started = time.perf_counter()
+    try:
+        return hydrate(self, full_args)
+    finally:
+        timed["hydrate_s"] += time.perf_counter() - started
+
+
+package_module._PackagedInductorGraph._hydrate = timed_hydrate
+load_files = package_module.CompilePackage.load_files
+stats = []
+
+
+def recording_load_files(self, *args, **kwargs):
+    try:
+        return load_files(self, *args, **kwargs)
+    finally:
+        stats.append(self.load_stats)
+
+
+package_module.CompilePackage.load_files = recording_load_files
+model, inputs = models.MODELS[{model!r}]()
+compiled = torch.compile(model, package={artifact!r})
+wrapped = time.time()
+compiled.load_package()
+loaded = time.time()
+torch.compiler.set_stance("fail_on_recompile")
+with torch.no_grad():
+    out = compiled(*inputs)
+called = time.time()
+print("FIRST_OUTPUT", called, flush=True)
+print("REPORT" + json.dumps({{
+    "times": [imported_torch, imported_dynamo, wrapped, loaded, called],
+    "stats": stats[-1], **timed,
+}}))
+"""
+
+# NOTE: [Many packages in one process]
+# COUNT functions of one module, each compiled with its own package; the
+# measured process loads them all and calls each once under fail_on_recompile.
+MANY_FUNCTIONS = "import torch\n" + "".join(
+    f"\n\ndef f{i}(x):\n    return torch.relu(x * {i + 2}.0 + {i}.0).sin().sum(dim=-1)\n"
+    for i in range(20)
+)
+MANY = r"""
+import sys, time, json
+sys.path.insert(0, {workdir!r})
+import torch
+import many_functions
+
+x = torch.randn(64, 64)
+compiled = [
+    torch.compile(getattr(many_functions, f"f{{i}}"), package={artifact!r} + f"/f{{i}}")
+    for i in range({count})
+]
+with torch.no_grad():
+    if {save!r}:
+        for fn in compiled:
+            fn(x)
+            fn.save_package()
+    else:
+        for fn in compiled:
+            fn.load_package()
+        torch.compiler.set_stance("fail_on_recompile")
+        for fn in compiled:
+            fn(x)
+print("FIRST_OUTPUT", time.time(), flush=True)
+"""
+
+
+def _timed_child(code: str, cache: str) -> tuple[float, dict]:
+    """Seconds from spawning an overlay process to its first output, and its REPORT."""
+    started = time.time()
+    proc = subprocess.run(
+        [str(OVERLAY_PY), "-c", code], env=_env(True, cache), capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark child failed:\n{proc.stderr[-3000:]}")
+    lines = proc.stdout.splitlines()
+    first = next(l for l in lines if l.startswith("FIRST_OUTPUT"))
+    reports = [json.loads(l[len("REPORT") :]) for l in lines if l.startswith("REPORT")]
+    report = reports[-1] if reports else {}
+    report["started"] = started
+    return float(first.split()[1]) - started, report
+
+
+def phase_breakdown(model: str, workdir: Path, runs: int) -> dict:
+    """Phases of a package load (NOTE: [Phases of a load]) with eager alongside,
+    medians over ``runs`` fresh processes, and the package's size."""
+    prime_dir = Path(tempfile.mkdtemp(dir=workdir))
+    artifact = str(prime_dir / "pkg")
+    _child("overlay", True, str(prime_dir / "cache"), PRIME["package"], model, artifact, measure=False)
+    per_run: dict[str, list[float]] = {}
+    for _ in range(runs):
+        eager = _child("overlay", True, tempfile.mkdtemp(dir=workdir), MEASURED["eager"], model, "")
+        code = PHASES.format(bench=str(BENCH_DIR), model=model, artifact=artifact)
+        total, report = _timed_child(code, tempfile.mkdtemp(dir=workdir))
+        imported_torch, imported_dynamo, wrapped, loaded, called = report["times"]
+        stats = report["stats"]
+        loader = stats["verify_s"] + stats["unpickle_s"] + stats["install_s"]
+        phases = {
+            "import torch": imported_torch - report["started"],
+            "import the Dynamo runtime": imported_dynamo - imported_torch,
+            "model + torch.compile wrap": wrapped - imported_dynamo,
+            "read files, manifest + sha256": (loaded - wrapped) - loader + stats["verify_s"],
+            "unpickle entries and graphs": stats["unpickle_s"],
+            "install entries": stats["install_s"],
+            "guard build (first call)": report["guard_build_s"],
+            "kernel load + runtime wrappers (first call)": report["hydrate_s"],
+            "rest of the first call": (called - loaded) - report["guard_build_s"] - report["hydrate_s"],
+            "total": total,
+            "eager": eager,
+            "× eager": total / eager,
+        }
+        for key, value in phases.items():
+            per_run.setdefault(key, []).append(value)
+    size = sum(f.stat().st_size for f in Path(artifact).rglob("*") if f.is_file())
+    return {
+        "entries": stats["entries"],
+        "kernels": stats["kernels"],
+        "package_mb": size / 1e6,
+        "phases_s": {key: statistics.median(values) for key, values in per_run.items()},
+    }
+
+
+def many_packages(workdir: Path, runs: int, counts=(1, 20)) -> dict:
+    """Fresh-process load + first call of 1 versus 20 packages (NOTE: [Many
+    packages in one process]), median seconds, eager ``import torch`` alongside."""
+    (workdir / "many_functions.py").write_text(MANY_FUNCTIONS)
+    result = {}
+    for count in counts:
+        artifact = str(Path(tempfile.mkdtemp(dir=workdir)) / "pkgs")
+        prime = MANY.format(workdir=str(workdir), artifact=artifact, count=count, save=True)
+        _timed_child(prime, str(workdir / "many-prime-cache"))
+        code = MANY.format(workdir=str(workdir), artifact=artifact, count=count, save=False)
+        seconds = [_timed_child(code, tempfile.mkdtemp(dir=workdir))[0] for _ in range(runs)]
+        result[str(count)] = summarize(seconds)
+    eager = [
+        _child("overlay", True, tempfile.mkdtemp(dir=workdir), MEASURED["eager"], "mlp", "")
+        for _ in range(runs)
+    ]
+    result["eager_mlp"] = summarize(eager)
+    return result
 
 
 def import_time(overlay: bool) -> float:
@@ -224,6 +422,17 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default="mlp,transformer,convnet")
     parser.add_argument("--out", default=str(BENCH_DIR / "results" / "load_time"))
     parser.add_argument(
+        "--configs",
+        default="",
+        help="comma-separated config ids to measure (see config_id; default: all; "
+        "eager and the cold compile are always measured)",
+    )
+    parser.add_argument(
+        "--growth-blocks",
+        default="1,8,32",
+        help="transformer stacks for the phase breakdown and growth table ('' skips)",
+    )
+    parser.add_argument(
         "--steady-state-only",
         action="store_true",
         help="measure only the steady state, into the report --out already holds",
@@ -239,6 +448,9 @@ def main(argv=None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
         return write_report(report, out)
     configs = [c for c in CONFIGS if c[1] == "overlay" or UPSTREAM_PY.exists()]
+    if args.configs:
+        wanted = set(args.configs.split(",")) | {"eager", "compile"}
+        configs = [c for c in configs if config_id(c) in wanted]
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "runs": args.runs,
@@ -248,17 +460,18 @@ def main(argv=None) -> int:
         },
         "models": {},
     }
+    primed: dict = {}
     try:
         for model in args.models.split(","):
             per_run: dict[str, list[float]] = {c[0]: [] for c in configs}
             for run in range(args.runs):
                 for config in configs:
-                    seconds = measure_config(config, model, workdir)
+                    seconds = measure_config(config, model, workdir, primed)
                     per_run[config[0]].append(seconds)
                     log.info("%s %s run %d: %.2fs", model, config[0], run, seconds)
                     print(f"{model:12s} {config[0]:42s} run {run}: {seconds:6.2f} s", flush=True)
             eager = per_run["eager"]
-            cold = per_run["torch.compile, empty cache (cold)"]
+            cold = per_run[COLD]
             report["models"][model] = {
                 label: {
                     **summarize(values),
@@ -268,6 +481,14 @@ def main(argv=None) -> int:
                 }
                 for label, values in per_run.items()
             }
+        report["phases"] = {
+            model: phase_breakdown(model, workdir, args.runs)
+            for model in ["mlp"] + [f"blocks{n}" for n in filter(None, args.growth_blocks.split(","))]
+        }
+        for model, phases in report["phases"].items():
+            print(model, json.dumps(phases), flush=True)
+        report["many_packages"] = many_packages(workdir, args.runs)
+        print("many packages", json.dumps(report["many_packages"]), flush=True)
         report["steady_state_mlp_us"] = steady_state(workdir, args.runs)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -302,6 +523,44 @@ def render(report: dict) -> str:
                 f"{r['vs_eager']['median']:.2f} | {r['vs_cold']['median']:.2f} |"
             )
         lines.append("")
+        upstream = rows.get("upstream 2.13 aot load, empty cache")
+        if upstream:
+            for label in ("package load, empty cache (ours)", "aot_compile load, empty cache (ours)"):
+                if label in rows:
+                    lines.append(
+                        f"{label.split(',')[0]}: {upstream['median'] / rows[label]['median']:.1f}× "
+                        "faster than upstream 2.13's empty-cache aot load (medians)."
+                    )
+            lines.append("")
+    phases = report.get("phases")
+    if phases:
+        models = list(phases)
+        lines += [
+            "Phases of a package load, empty inductor cache (NOTE: [Phases of a load] in "
+            "benchmarks/load_time.py), median seconds; blocksN is a stack of N transformer blocks:",
+            "",
+            "| phase | " + " | ".join(models) + " |",
+            "|---|" + "---|" * len(models),
+        ]
+        for key, label in (("entries", "entries"), ("kernels", "kernel binaries"), ("package_mb", "package MB")):
+            lines.append(f"| {label} | " + " | ".join(f"{phases[m][key]:.3g}" for m in models) + " |")
+        for phase in phases[models[0]]["phases_s"]:
+            lines.append(
+                f"| {phase} | "
+                + " | ".join(f"{phases[m]['phases_s'][phase]:.3f}" for m in models)
+                + " |"
+            )
+        lines.append("")
+    many = report.get("many_packages")
+    if many:
+        one, twenty = many["1"]["median"], many["20"]["median"]
+        lines += [
+            f"Packages loaded in one process (20 small functions, one package each; load + first "
+            f"call of each, fresh process, median): 1 package {one:.2f} s, 20 packages "
+            f"{twenty:.2f} s, {(twenty - one) / 19 * 1000:.0f} ms per further package "
+            f"(eager MLP process {many['eager_mlp']['median']:.2f} s).",
+            "",
+        ]
     imp = report["import_torch_s"]
     lines.append(
         f"`import torch`: stock {imp['stock']['median']:.2f} s, with the overlay "

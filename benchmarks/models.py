@@ -78,4 +78,27 @@ def make_convnet():
     return ConvNet().eval(), (torch.randn(8, 3, 64, 64),)
 
 
-MODELS = {"mlp": make_mlp, "transformer": make_transformer, "convnet": make_convnet}
+class TransformerStack(torch.nn.Module):
+    """``blocks`` TransformerBlocks in sequence (the load-time growth benchmark)."""
+
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks = torch.nn.Sequential(*(TransformerBlock() for _ in range(blocks)))
+
+    def forward(self, x):
+        return self.blocks(x)
+
+
+def make_transformer_stack(blocks):
+    torch.manual_seed(0)
+    return TransformerStack(blocks).eval(), (torch.randn(8, 64, 256),)
+
+
+MODELS = {
+    "mlp": make_mlp,
+    "transformer": make_transformer,
+    "convnet": make_convnet,
+    "blocks1": lambda: make_transformer_stack(1),
+    "blocks8": lambda: make_transformer_stack(8),
+    "blocks32": lambda: make_transformer_stack(32),
+}
