@@ -1024,11 +1024,11 @@ class CompilePackage:
         if path is None:
             raise PackageError("no package path: pass torch.compile(..., package=path)")
         files, manifest = self.collect_files()
-        if not manifest["entries"] and not manifest["skipped_frames"]:
+        if not (manifest["entries"] or manifest["skipped_frames"] or self._unsaveable):
+            # (Entries left out have each warned already.)
             warnings.warn(
                 f"torch.compile package {path} holds no entries: nothing was compiled "
-                "under it (call the compiled function before save_package), or every "
-                "entry was left out",
+                "under it (call the compiled function before save_package)",
                 stacklevel=2,
             )
         _write_atomically(Path(path), files, manifest)
