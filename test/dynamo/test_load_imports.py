@@ -5,7 +5,8 @@ A compile package and an aot_compile'd function are saved by one interpreter and
 loaded by a FRESH one with an empty TORCHINDUCTOR_CACHE_DIR. After the load and
 the first call under ``set_stance("fail_on_recompile")``, none of
 :data:`COMPILE_ONLY_MODULES` may have been imported. Then a call that misses
-compiles in that same process, imports them, and must give eager's result.
+compiles in that same process, imports them, and must give eager's result. Each
+load logs one INFO line saying what it loaded and what it cost.
 """
 
 import json
@@ -85,10 +86,23 @@ with torch.no_grad():
 """
 
 LOAD = """
-import json, sys
+import json, logging, sys
 import torch
 import load_imports_model
 
+
+class KeepMessages(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+package_messages = KeepMessages()
+logging.getLogger("torch._dynamo.package").addHandler(package_messages)
+logging.getLogger("torch._dynamo.package").setLevel(logging.INFO)
 compile_only = json.loads(sys.argv[3])
 model = load_imports_model.make()
 x = torch.randn(4, 16)
@@ -107,6 +121,9 @@ with torch.no_grad():
         compiled = torch.compile(model)
     report["loaded_same"] = torch.allclose(out, expected)
     report["imported_at_load"] = [m for m in compile_only if m in sys.modules]
+    report["load_messages"] = [
+        m for m in package_messages.messages if m.startswith("loaded package")
+    ]
     # A call the loaded guards reject (another batch size) compiles here.
     y = torch.randn(7, 16)
     report["miss_same"] = torch.allclose(compiled(y), model(y))
@@ -149,6 +166,12 @@ class TestLoadImports(torch._dynamo.test_case.TestCase):
         report = self.run_fresh(LOAD, kind, artifact, json.dumps(COMPILE_ONLY_MODULES))
         self.assertTrue(report["loaded_same"])
         self.assertEqual(report["imported_at_load"], [])
+        # One INFO line per load says what it cost.
+        self.assertEqual(len(report["load_messages"]), 1, report["load_messages"])
+        self.assertRegex(
+            report["load_messages"][0],
+            rf"^loaded package .*saved-{kind}: 1 entries, [1-9][0-9]* kernels in [0-9]+\.[0-9]{{3}} s$",
+        )
         # The miss really compiled with Inductor, and correctly.
         self.assertTrue(report["miss_same"])
         self.assertGreaterEqual(report["frames_compiled"], 1)
