@@ -193,6 +193,21 @@ CASES = {
             # in that range, 1 is out of it (0/1 specialization)
             return f, [(first,), (torch.randn(9),), (torch.randn(3),), (torch.randn(1),)], dict(backend=BACKEND)
     """,
+    "closure_graph_break": """
+        import torch
+        def make_fn(scale):
+            def f(x):
+                y = x * scale
+                torch._dynamo.graph_break()
+                # the resume function has a free variable: the saved bytecode
+                # builds it from a code constant instead of calling a global
+                return y + scale
+            return f
+        FN = make_fn(2.0)
+        def make():
+            torch.manual_seed(0)
+            return FN, [(torch.randn(6),), (torch.randn(6, dtype=torch.float64),)], dict(backend=BACKEND)
+    """,
     "recursion_graph_breaks": """
         import torch
         def fn(x, depth):
@@ -456,6 +471,11 @@ class TestPackage(PackageTestCase):
     def test_graph_breaks_and_resume_functions(self, backend):
         report = self.save_and_load("graph_breaks", backend)
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
+
+    def test_graph_break_in_a_closure(self):
+        report = self.save_and_load("closure_graph_break", "eager")
+        self.assertEqual(report["saved_entries"], 4)
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 2)
 
     @parametrize("backend", ["eager", "aot_eager"])
     def test_graph_break_inside_recursion(self, backend):
