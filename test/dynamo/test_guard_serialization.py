@@ -552,6 +552,24 @@ class TestGuardSerialization(GuardSerializationTestCase):
             rejected=[{"x": torch.ones(2), "o": Bar()}, {"x": torch.ones(2), "o": 1}],
         )
 
+    def test_type_match_on_weakrefs_of_an_rnn(self):
+        # With allow_rnn, Dynamo traces nn.LSTM and guards the weak references
+        # in its _flat_weight_refs by type (weakref.ReferenceType).
+        torch.manual_seed(0)
+        lstm = torch.nn.LSTM(3, 2)
+        x = torch.randn(4, 1, 3)
+        with torch._dynamo.config.patch(allow_rnn=True):
+            built, loaded = self.roundtrip(calls_module, (lstm, x), None)
+        # the reference rejects this one only by the TYPE_MATCH on the refs
+        strong_refs = torch.nn.LSTM(3, 2)
+        strong_refs._flat_weight_refs = [lambda p=p: p for p in strong_refs._flat_weights]
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"m": lstm, "x": x}, {"m": torch.nn.LSTM(3, 2), "x": torch.randn(4, 1, 3)}],
+            rejected=[{"m": strong_refs, "x": x}, {"m": torch.nn.LSTM(3, 5), "x": x}],
+        )
+
     def test_hasattr(self):
         def fn(x, o):
             return x + (1 if hasattr(o, "b") else 2)

@@ -259,6 +259,8 @@ CASES = {
             raise ValueError(KIND)
         def make():
             torch.manual_seed(0)
+            # with allow_rnn Dynamo traces nn.LSTM (and guards its weakrefs)
+            torch._dynamo.config.allow_rnn = globals().get("ALLOW_RNN", False)
             module, args = build()
             return module, [args], dict(backend=BACKEND)
     """,
@@ -509,6 +511,13 @@ class TestPackage(PackageTestCase):
         # it eagerly too instead of tracing it again.
         report = self.save_and_load("builtin_module", "eager", {"KIND": "lstm"})
         self.assertEqual((report["saved_entries"], report["saved_skipped_frames"]), (0, 1))
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
+
+    def test_rnn_traced_with_allow_rnn(self):
+        # Its guards include TYPE_MATCH on the weak references in
+        # _flat_weight_refs: saved as weak references to the weights' stand-ins.
+        report = self.save_and_load("builtin_module", "eager", {"KIND": "lstm", "ALLOW_RNN": True})
+        self.assertEqual((report["saved_entries"], report["saved_skipped_frames"]), (1, 0))
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
 
     def test_builtin_module_inductor(self):

@@ -66,6 +66,7 @@ import pickle
 import re
 import sys
 import types
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -400,6 +401,19 @@ class _RangeIteratorStandIn:
 @dataclasses.dataclass
 class _DispatchKeySetStandIn:
     keys: tuple
+
+
+# NOTE: [Weak references in guarded values]
+# A weakref.ref is guarded by its type (nn.LSTM / GRU keep _flat_weight_refs,
+# weak references to their parameters, and Dynamo's TYPE_MATCH on them compares
+# the class weakref.ReferenceType, which has a stable name). The stand-in is a
+# real weakref.ref to the stand-in of its referent (the same stand-in a guard on
+# the referent itself gets, so identities agree), kept alive while the guards
+# are built; a reference that was dead at save is dead again at load.
+@dataclasses.dataclass
+class _WeakrefStandIn:
+    referent: Any
+    dead: bool
 
 
 @dataclasses.dataclass
@@ -805,6 +819,12 @@ class _StandInConverter:
             return _RangeIteratorStandIn(rng.start, rng.stop, rng.step, index)
         if isinstance(obj, torch._C.DispatchKeySet):
             return _DispatchKeySetStandIn(_key_set_names(obj))
+        if type(obj) is weakref.ReferenceType:
+            # See NOTE: [Weak references in guarded values]
+            referent = obj()
+            if referent is None:
+                return _WeakrefStandIn(None, True)
+            return _WeakrefStandIn(self._child(referent, f"{path}()", guarded), False)
         if type(obj) in _DICT_VIEW_KINDS and guarded:
             kind, ordered = _DICT_VIEW_KINDS[type(obj)]
             view = _DictViewStandIn(kind, {}, ordered)
@@ -1678,6 +1698,9 @@ class _Hydrator:
 
     def __init__(self) -> None:
         self.memo: dict[int, Any] = {}
+        # Referents of hydrated weak references (NOTE: [Weak references in
+        # guarded values]): alive as long as the loaded state is.
+        self.keep_alive: list = []
 
     def __call__(self, obj):
         if _is_constant(obj):
@@ -1783,6 +1806,12 @@ class _Hydrator:
             for _ in range(obj.index):
                 next(it)
             return it
+        if isinstance(obj, _WeakrefStandIn):
+            if obj.dead:
+                return weakref.ref(_Placeholder("dead weakref referent"))
+            referent = self(obj.referent)
+            self.keep_alive.append(referent)
+            return weakref.ref(referent)
         if isinstance(obj, _DispatchKeySetStandIn):
             ks = torch._C.DispatchKeySet(torch._C.DispatchKey.Undefined)
             for name in obj.keys:
@@ -1858,6 +1887,9 @@ class LoadedGuardsState:
     output_graph: OutputGraphGuardsState
     shape_code_parts: Optional[tuple]
     runtime_global_scope: dict
+    # Objects only weak references in the values hold (NOTE: [Weak references
+    # in guarded values]).
+    keep_alive: list = dataclasses.field(default_factory=list)
 
 
 def hydrate(state: GuardsState, f_code, runtime_global_scope=None) -> LoadedGuardsState:
@@ -1885,4 +1917,4 @@ def hydrate(state: GuardsState, f_code, runtime_global_scope=None) -> LoadedGuar
         values=values,
         torch_function_mode_stack=[h(m) for m in og.torch_function_mode_stack],
     )
-    return LoadedGuardsState(loaded, state.shape_code_parts, runtime_global_scope)
+    return LoadedGuardsState(loaded, state.shape_code_parts, runtime_global_scope, h.keep_alive)
