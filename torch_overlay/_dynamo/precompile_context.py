@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import weakref
 from typing import Any, Optional
 
 import torch
@@ -69,7 +68,12 @@ def dynamo_cache_path(fn: Any) -> Optional[str]:
 class PrecompileContext:
     """The compile packages ``caching_precompile`` created in this process."""
 
-    _packages: weakref.WeakSet[CompilePackage] = weakref.WeakSet()
+    # NOTE: [Caching packages outlive their compiled callables]
+    # save_cache_artifacts() writes what was compiled in this process even when
+    # the torch.compile()'d callable that compiled it is gone (upstream records
+    # each compile's cache entry as it happens), so the packages are held
+    # strongly, in creation order, until the process saves or exits.
+    _packages: list[CompilePackage] = []
 
     @classmethod
     def new_caching_package(cls) -> CompilePackage:
@@ -77,7 +81,7 @@ class PrecompileContext:
         :meth:`bind` once the function is known."""
         package = CompilePackage(None)
         package.caching_precompile = True
-        cls._packages.add(package)
+        cls._packages.append(package)
         return package
 
     @classmethod
