@@ -909,7 +909,200 @@ class TestPackageFormat(PackageTestCase):
         self.assertEqual(leftovers, [])
 
 
+# Each torch.compile mode / option of OPTION_CASES on a tiny module: compiled
+# and saved by one process (torch._dynamo.reset() between options), loaded by a
+# fresh one with an empty inductor cache. A custom backend gets its options as
+# keyword arguments; its compiled callable keeps them and serializes them.
+OPTIONS_RUNNER = r'''
+import json, os, pickle, sys, warnings
+import torch
+from torch._dynamo.aot_compile_types import SerializableCallable
+
+
+class ShiftedGraph(SerializableCallable):
+    """A custom backend's output: the graph plus the option it was given."""
+
+    def __init__(self, graph_module, shift):
+        self.graph_module, self.shift = graph_module, shift
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn):
+        gm = torch.fx.GraphModule(fn.graph_module, fn.graph_module.graph)
+        return pickle.dumps((gm, fn.shift))
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data):
+        return cls(*pickle.loads(data))
+
+    def __call__(self, *args):
+        return [out + self.shift for out in self.graph_module(*args)]
+
+
+def shifting_backend(gm, example_inputs, options=None):
+    return ShiftedGraph(gm, (options or {}).get("shift", 0.0))
+
+
+sys.modules["options_runner"] = sys.modules["__main__"]
+ShiftedGraph.__module__ = "options_runner"
+
+OPTION_CASES = {OPTION_CASES}
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)) * 2
+
+
+mode, where = sys.argv[1:3]
+torch._dynamo.config.package_strict = os.environ.get("PACKAGE_STRICT") == "1"
+report = {}
+
+
+def binaries():
+    cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    return [f for _, _, files in os.walk(cache) for f in files if f.endswith(".so")]
+
+
+seen = set(binaries())
+for name, (kwargs, no_grad, shift) in OPTION_CASES.items():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    module = Block().eval()
+    kwargs = dict(kwargs)
+    if kwargs.get("backend") == "shifting":
+        kwargs["backend"] = shifting_backend
+    compiled = torch.compile(module, package=os.path.join(where, name), **kwargs)
+    calls = [torch.randn(4, 8), torch.randn(6, 8)] if kwargs.get("dynamic") else [torch.randn(4, 8)]
+    grad_mode = torch.no_grad() if no_grad else torch.enable_grad()
+    got = {}
+    if mode == "save":
+        with warnings.catch_warnings(record=True) as caught, grad_mode:
+            warnings.simplefilter("always")
+            try:
+                for x in calls:
+                    compiled(x)
+                compiled.save_package()
+                got["saved"] = True
+            except Exception as e:
+                got["error"] = f"{type(e).__name__}: {e}"[:500]
+        got["warnings"] = [str(w.message) for w in caught if "package" in str(w.message)]
+        manifest_path = os.path.join(where, name, "manifest.json")
+        if os.path.exists(manifest_path):
+            with open(manifest_path) as f:
+                manifest = json.load(f)
+            got["entries"] = manifest["entries"]
+            got["compile_options"] = manifest["compile_options"]
+    else:
+        from torch._dynamo.utils import counters
+
+        counters.clear()
+        with torch.compiler.set_stance("fail_on_recompile"), grad_mode:
+            try:
+                compiled.load_package()
+                got["same"] = all(
+                    bool(torch.allclose(compiled(x), module(x) + shift, atol=1e-5)) for x in calls
+                )
+            except Exception as e:
+                got["error"] = f"{type(e).__name__}: {e}"[:500]
+        got["traced_graphs"] = counters["stats"]["unique_graphs"]
+        # C++ binaries built while this case loaded and ran
+        got["compiled_binaries"] = sorted(set(binaries()) - seen)
+        seen.update(got["compiled_binaries"])
+    report[name] = got
+print("REPORT" + json.dumps(report))
+'''
+
+# name -> (torch.compile kwargs, run under no_grad, shift the output by)
+OPTION_CASES = {
+    "mode_default": (dict(mode="default"), True, 0.0),
+    "mode_reduce_overhead": (dict(mode="reduce-overhead"), True, 0.0),
+    "mode_max_autotune": (dict(mode="max-autotune"), True, 0.0),
+    "mode_max_autotune_no_cudagraphs": (dict(mode="max-autotune-no-cudagraphs"), True, 0.0),
+    "fullgraph": (dict(fullgraph=True), False, 0.0),
+    "dynamic_true": (dict(dynamic=True), True, 0.0),
+    "dynamic_false": (dict(dynamic=False), True, 0.0),
+    "dynamic_none": (dict(dynamic=None), True, 0.0),
+    "cpp_wrapper": (dict(options={"cpp_wrapper": True}), True, 0.0),
+    "epilogue_fusion": (dict(options={"epilogue_fusion": False}), True, 0.0),
+    "coordinate_descent_tuning": (dict(options={"coordinate_descent_tuning": True}), True, 0.0),
+    # freezing applies under no_grad only; with gradients on it changes nothing
+    "freezing_with_grad": (dict(options={"freezing": True}), False, 0.0),
+    "custom_backend_options": (dict(backend="shifting", options={"shift": 0.5}), True, 0.5),
+}
+# Refused at save: the warning names the option.
+REFUSED_OPTION_CASES = {
+    "freezing": (dict(options={"freezing": True}), True, 0.0),
+    "fx_graph_cache_off": (dict(options={"fx_graph_cache": False}), True, 0.0),
+}
+REFUSED_OPTION_NAMES = {"freezing": "'freezing': True", "fx_graph_cache_off": "'fx_graph_cache': False"}
+
+
+class TestPackageCompileOptions(PackageTestCase):
+    """Every mode and common option round-trips or is refused at save, by name."""
+
+    reports: dict = {}
+
+    def run_options(self, cases, **env):
+        key = tuple(sorted(cases)) + tuple(sorted(env.items()))
+        if key in TestPackageCompileOptions.reports:
+            return TestPackageCompileOptions.reports[key]
+        where = Path(tempfile.mkdtemp(prefix="package-options-"))
+        self.addCleanup(shutil.rmtree, where, True)
+        source = OPTIONS_RUNNER.replace("{OPTION_CASES}", repr(cases))
+        reports = {}
+        for mode in ("save", "load"):
+            cache = self.save_cache if mode == "save" else tempfile.mkdtemp(dir=where, prefix="empty-cache-")
+            proc = subprocess.run(
+                [sys.executable, "-c", source, mode, str(where)],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, **env},
+                cwd=where,
+            )
+            lines = [l for l in proc.stdout.splitlines() if l.startswith("REPORT")]
+            if proc.returncode != 0 or not lines:
+                self.fail(f"{mode} process failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+            reports[mode] = json.loads(lines[-1][len("REPORT") :])
+        TestPackageCompileOptions.reports[key] = reports
+        return reports
+
+    @parametrize("name", list(OPTION_CASES))
+    def test_option_round_trips(self, name):
+        reports = self.run_options(OPTION_CASES)
+        saved, loaded = reports["save"][name], reports["load"][name]
+        self.assertEqual((saved.get("error"), saved["warnings"]), (None, []))
+        self.assertGreaterEqual(saved["entries"], 1)
+        self.assertEqual(loaded, {"same": True, "traced_graphs": 0, "compiled_binaries": []})
+        # the manifest records the options the graphs were compiled with
+        recorded = saved["compile_options"]
+        for option, value in OPTION_CASES[name][0].get("options", {}).items():
+            if option in recorded:  # an Inductor config name
+                self.assertEqual(recorded[option], repr(value))
+            else:  # passed to a custom backend as options=
+                self.assertIn(f"{option!r}: {value!r}", recorded["options"])
+
+    @parametrize("name", list(REFUSED_OPTION_CASES))
+    def test_option_refused_at_save_with_a_warning_naming_it(self, name):
+        saved = self.run_options(REFUSED_OPTION_CASES)["save"][name]
+        self.assertIsNone(saved.get("error"))
+        self.assertEqual(len(saved["warnings"]), 1, saved["warnings"])
+        self.assertIn(REFUSED_OPTION_NAMES[name], saved["warnings"][0])
+        self.assertEqual(saved["entries"], 0)
+
+    def test_option_refused_at_save_is_an_error_with_package_strict(self):
+        saved = self.run_options(
+            {"freezing": REFUSED_OPTION_CASES["freezing"]}, PACKAGE_STRICT="1"
+        )["save"]["freezing"]
+        self.assertIn("PackageError", saved["error"])
+        self.assertIn("'freezing': True", saved["error"])
+
+
 instantiate_parametrized_tests(TestPackage)
+instantiate_parametrized_tests(TestPackageCompileOptions)
 instantiate_parametrized_tests(TestPackageFormat)
 instantiate_parametrized_tests(TestPackageAndReset)
 

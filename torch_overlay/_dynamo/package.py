@@ -335,6 +335,11 @@ class _GraphRecord:
     # A custom backend's compiled callable: saved through its class's
     # serialize_compile_artifacts (see NOTE: [Custom backend artifacts]).
     compiled: Any = None
+    # The torch.compile options the graph was compiled with (NOTE: [Compile
+    # options in packages]), and whether Inductor froze it (options freezing
+    # under no_grad: its weights folded into constants).
+    options: dict = dataclasses.field(default_factory=dict)
+    frozen: bool = False
 
 
 class _AOTCacheListener:
@@ -375,12 +380,65 @@ def _install_aot_listener() -> None:
         autograd_cache._cache_event_listeners.append(_aot_listener)
 
 
+# NOTE: [Compile options in packages]
+# torch.compile's mode and options reach the backend, not Dynamo: Inductor's
+# wrapper turns mode= into Inductor config (max-autotune, triton.cudagraphs...)
+# and merges options=; any other backend gets mode= and options= as keyword
+# arguments. A package saves what they produced: Dynamo's bytecode and guards
+# (fullgraph= and dynamic= act there: the guards hold the shape decisions) and
+# each compiled graph (Inductor's generated code and kernels, a custom
+# backend's serialized callable), so an option that only steers compilation
+# round-trips by construction. Refused at save, each with a warning naming the
+# option (an error with config.package_strict), are the options whose effect
+# is not in those artifacts or that leave no artifact to save
+# (_refused_option). Every package records its options in the manifest.
+
+
+def compile_options(backend) -> dict[str, Any]:
+    """The options torch.compile passed to ``backend`` (Inductor config names for
+    Inductor, mode/options keyword arguments for any other backend) and dynamic."""
+    for obj in _unwrap_chain(backend):
+        cls_name = type(obj).__name__
+        if cls_name == "_TorchCompileInductorWrapper":
+            return {**obj.config, "dynamic": obj.dynamic}
+        if cls_name == "_TorchCompileWrapper":
+            return {**obj.kwargs, "dynamic": obj.dynamic}
+    return {}
+
+
+def _refused_option(record: _GraphRecord) -> Optional[str]:
+    """Why the graph's options keep it out of a package, naming the option."""
+    options = record.options
+    if record.frozen:
+        return (
+            "options={'freezing': True}: Inductor froze this graph (compiled under "
+            "no_grad, its parameters folded into constants), and 2.7.1's AOTAutograd "
+            "keeps no artifact of a frozen graph; compile without freezing, or with "
+            "gradients enabled (freezing applies only under no_grad), to package it"
+        )
+    if record.backend == "inductor":
+        if options.get("triton.cudagraphs") and "cuda" in record.devices:
+            return (
+                "mode='reduce-overhead' (Inductor option triton.cudagraphs): a loaded "
+                "graph does not record CUDA graphs again; compile with "
+                "mode='max-autotune-no-cudagraphs' or the default mode to package it"
+            )
+        if options.get("force_disable_caches") or options.get("fx_graph_cache") is False:
+            name = "force_disable_caches" if options.get("force_disable_caches") else "fx_graph_cache"
+            return (
+                f"options={{{name!r}: {options[name]!r}}}: the package takes Inductor's "
+                "compiled graph from its FX graph cache, which this option turns off"
+            )
+    return None
+
+
 class RecordingBackend:
     """Wraps a torch.compile backend so that each compiled graph can be packaged."""
 
     def __init__(self, backend: Callable, kind: str) -> None:
         self.backend = backend
         self.kind = kind
+        self.options = compile_options(backend)
         self.records: dict[int, tuple[Any, _GraphRecord]] = {}
         # Dynamo (eval_frame.c) follows this chain to the backend it guards on.
         self._torchdynamo_orig_callable = backend
@@ -400,6 +458,12 @@ class RecordingBackend:
         }
         record = _GraphRecord(
             self.kind, torch.fx.GraphModule(gm, gm.graph), tuple(sorted(devices))
+        )
+        record.options = self.options
+        record.frozen = (
+            self.kind == "inductor"
+            and bool(self.options.get("freezing", _inductor_config_value("freezing")))
+            and not torch.is_grad_enabled()
         )
         if self.kind == "inductor":
             _install_aot_listener()
@@ -427,6 +491,12 @@ class RecordingBackend:
             if found is not None:
                 return found[1]
         return None
+
+
+def _inductor_config_value(name: str):
+    from torch._inductor import config as inductor_config
+
+    return getattr(inductor_config, name)
 
 
 def _unwrap_chain(fn) -> list:
@@ -638,6 +708,9 @@ def serialize_graph(record: _GraphRecord) -> tuple[bytes, dict[str, bytes]]:
         return _serialize_custom_graph(record), {}
     if record.backend != "inductor":
         raise PackageError(f"backend {record.backend!r} artifacts cannot be packaged")
+    refused = _refused_option(record)
+    if refused is not None:
+        raise PackageError(refused)
     entry = record.aot_entry
     if entry is None:
         raise PackageError(
@@ -1087,6 +1160,10 @@ class CompilePackage:
             )
             or "cpu",
             "backend": self.backend.kind if self.backend else None,
+            # NOTE: [Compile options in packages]
+            "compile_options": {
+                k: repr(v) for k, v in sorted((self.backend.options if self.backend else {}).items())
+            },
             "entries": sum(1 for entry in kept if entry.out_code),
             "skipped_frames": sum(1 for entry in kept if not entry.out_code),
             "files": {name: _sha256(data) for name, data in sorted(files.items())},
