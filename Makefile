@@ -33,7 +33,18 @@ $(STAMP): torch_overlay/_overlay/base_version.txt pyproject.toml setup.py torch_
 	$(PY) -m torch_overlay materialize
 	touch $@
 
-venv: $(STAMP) $(EXT_SO)
+# The model zoo's libraries (test/dynamo/test_package_zoo.py): torchvision is the
+# release built for the base torch; transformers does not depend on torch. Own
+# stamps, so that an existing venv gets them too.
+ZOO_TORCHVISION := 0.22.1
+ZOO_TRANSFORMERS := 4.52.4
+ZOO_STAMP := $(VENV)/.zoo-deps-installed
+
+$(ZOO_STAMP): $(STAMP)
+	$(PY) -m pip install "torch==$(BASE_TORCH)" "torchvision==$(ZOO_TORCHVISION)" "transformers==$(ZOO_TRANSFORMERS)"
+	touch $@
+
+venv: $(STAMP) $(EXT_SO) $(ZOO_STAMP)
 
 # Rebuilds the extension after a change to its sources (never done at import).
 $(EXT_SO): $(EXT_SRCS) setup.py | $(STAMP)
@@ -77,7 +88,17 @@ $(WHEEL_STAMP): $(WHEEL_POINTER)
 	$(WHEEL_PY) -m pip install --quiet "$$(head -n 1 $(WHEEL_POINTER))" pytest expecttest numpy
 	touch $@
 
-wheel-venv: $(WHEEL_STAMP)
+# The zoo's libraries next to the patched wheel: --no-deps keeps pip from
+# replacing the patched torch with the registry's (torchvision pins torch==2.7.1);
+# pillow is torchvision's other dependency, transformers brings its own.
+WHEEL_ZOO_STAMP := $(WHEEL_VENV)/.zoo-deps-installed
+
+$(WHEEL_ZOO_STAMP): $(WHEEL_STAMP)
+	$(WHEEL_PY) -m pip install --quiet --no-deps "torchvision==$(ZOO_TORCHVISION)"
+	$(WHEEL_PY) -m pip install --quiet pillow "transformers==$(ZOO_TRANSFORMERS)"
+	touch $@
+
+wheel-venv: $(WHEEL_STAMP) $(WHEEL_ZOO_STAMP)
 
 # The wheel's contents against the overlay's sources (needs torch_overlay, so it runs
 # in the dev venv).
