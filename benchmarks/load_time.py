@@ -437,7 +437,15 @@ def main(argv=None) -> int:
         action="store_true",
         help="measure only the steady state, into the report --out already holds",
     )
+    parser.add_argument(
+        "--zoo",
+        action="store_true",
+        help="measure only the model zoo row (benchmarks/zoo_models.py), into "
+        "benchmarks/results/load_time_zoo.{md,json}",
+    )
     args = parser.parse_args(argv)
+    if args.zoo:
+        return zoo_load_times(args.runs)
     out = Path(args.out)
     workdir = Path(tempfile.mkdtemp(prefix="load-time-"))
     if args.steady_state_only:
@@ -587,6 +595,116 @@ def render(report: dict) -> str:
                 f"{us(f'compiled{suffix}_us')} | {us(f'loaded{suffix}_us')} | {ratio:.2f} |"
             )
     return "\n".join(lines) + "\n"
+
+
+# NOTE: [Zoo row]
+# The models of test/dynamo/test_package_zoo.py (benchmarks/zoo_models.py, each
+# with its backend: aot_eager for most, inductor for nn.TransformerEncoder),
+# each timed from process start to first output in fresh processes: eager (the
+# floor), a cold compile with that backend, and a load of a package saved once
+# beforehand, with an empty inductor cache under fail_on_recompile.
+ZOO_PRELUDE = """
+import sys, time
+sys.path.insert(0, {bench!r})
+import torch
+import zoo_models
+model, inputs, backend = zoo_models.ZOO[{model!r}]()
+"""
+
+ZOO_BODIES = {
+    "eager": "with torch.no_grad():\n    out = model(*inputs)\n",
+    "compile": (
+        "compiled = torch.compile(model, backend=backend)\n"
+        "with torch.no_grad():\n    out = compiled(*inputs)\n"
+    ),
+    "save": (
+        "compiled = torch.compile(model, backend=backend, package={artifact!r})\n"
+        "with torch.no_grad():\n    compiled(*inputs)\n"
+        "compiled.save_package()\n"
+    ),
+    "package": (
+        "compiled = torch.compile(model, backend=backend, package={artifact!r})\n"
+        "compiled.load_package()\n"
+        "torch.compiler.set_stance('fail_on_recompile')\n"
+        "with torch.no_grad():\n    out = compiled(*inputs)\n"
+    ),
+}
+ZOO_LABELS = {
+    "eager": "eager",
+    "compile": "torch.compile, empty cache (cold)",
+    "package": "package load, empty cache",
+}
+
+
+def _zoo_child(model: str, kind: str, cache: str, artifact: str) -> float:
+    code = ZOO_PRELUDE.format(bench=str(BENCH_DIR), model=model)
+    code += ZOO_BODIES[kind].format(artifact=artifact) + FIRST_OUTPUT
+    started = time.time()
+    proc = subprocess.run(
+        [str(OVERLAY_PY), "-c", code], env=_env(True, cache), capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"zoo benchmark child ({model}, {kind}) failed:\n{proc.stderr[-3000:]}")
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("FIRST_OUTPUT"))
+    return float(line.split()[1]) - started
+
+
+def zoo_load_times(runs: int) -> int:
+    """See NOTE: [Zoo row]."""
+    sys.path.insert(0, str(BENCH_DIR))
+    import zoo_models
+
+    out = BENCH_DIR / "results" / "load_time_zoo"
+    workdir = Path(tempfile.mkdtemp(prefix="load-time-zoo-"))
+    report = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "runs": runs,
+        "models": {},
+    }
+    try:
+        for model in zoo_models.ZOO:
+            artifact = str(workdir / model / "package")
+            _zoo_child(model, "save", str(workdir / model / "save-cache"), artifact)
+            per_run: dict[str, list[float]] = {kind: [] for kind in ZOO_LABELS}
+            for run in range(runs):
+                for kind in ZOO_LABELS:
+                    cache = tempfile.mkdtemp(dir=workdir)
+                    seconds = _zoo_child(model, kind, cache, artifact)
+                    per_run[kind].append(seconds)
+                    print(f"{model:20s} {ZOO_LABELS[kind]:36s} run {run}: {seconds:6.2f} s", flush=True)
+            backend = zoo_models.ZOO[model]()[2]
+            report["models"][model] = {
+                "backend": backend,
+                **{
+                    kind: {
+                        **summarize(values),
+                        "vs_eager": summarize([v / e for v, e in zip(values, per_run["eager"])]),
+                    }
+                    for kind, values in per_run.items()
+                },
+            }
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    lines = [
+        f"Machine: {report['machine']}; {runs} fresh processes per figure; seconds from "
+        "process start to first output (min / median); × eager: ratio to the eager "
+        "floor of the same run (median).",
+        "",
+        "| model | backend | eager | cold compile | package load | load × eager | cold × eager |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for model, row in report["models"].items():
+        cell = lambda kind: f"{row[kind]['min']:.2f} / {row[kind]['median']:.2f}"
+        lines.append(
+            f"| {model} | {row['backend']} | {cell('eager')} | {cell('compile')} | "
+            f"{cell('package')} | {row['package']['vs_eager']['median']:.2f} | "
+            f"{row['compile']['vs_eager']['median']:.2f} |"
+        )
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
 
 
 if __name__ == "__main__":
