@@ -23,6 +23,13 @@ against upstream (every difference marked intended, with the reason recorded in
 environment, every input where a loaded guard manager decides differently from
 the reference one it was saved from, which is a bug.
 
+In the same environments it runs the precompile probe set
+(``precompile_probes.py``): small programs saved in one fresh process and loaded
+in another (caching_precompile, aot_compile), each step's outcome compared
+between overlay and upstream (intended differences recorded in
+``precompile_probe_expected_differences.json``, any other UNEXPECTED) and
+between overlay and wheel (must be identical, messages included).
+
 ``--require-agreement overlay,wheel`` (what CI runs, ``make diff-overlay-wheel``)
 exits 1 when the two environments disagree on any test or probe decision.
 An environment whose python is missing is reported as absent; it fails the run
@@ -66,6 +73,8 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = REPO_ROOT / "build" / "diff-upstream"
 EXPECTED_DIFFERENCES = HERE / "guard_probe_expected_differences.json"
 PROBE_RUNNER = HERE / "guard_probe_runner.py"
+PRECOMPILE_PROBES = HERE / "precompile_probes.py"
+PRECOMPILE_EXPECTED_DIFFERENCES = HERE / "precompile_probe_expected_differences.json"
 
 OUTCOMES = ("pass", "fail", "error", "skip")
 ABSENT = "—"
@@ -312,6 +321,104 @@ def parse_junit(path: Path) -> dict[str, dict]:
         if previous is None or _SEVERITY[outcome] > _SEVERITY[previous["outcome"]]:
             tests[test_id] = entry
     return tests
+
+
+def run_precompile_probes(environment: Environment, out_dir: Path, timeout: int, reuse: bool) -> dict:
+    """The precompile probe set (precompile_probes.py) in ``environment``."""
+    probe_dir = out_dir / "precompile" / environment.label
+    result_file = probe_dir / "precompile_probes.json"
+    if not reuse:
+        shutil.rmtree(probe_dir, ignore_errors=True)
+        cmd = [str(environment.python), "-P", str(PRECOMPILE_PROBES), "--out", str(probe_dir), "--label", environment.label]
+        returncode, _, stderr, seconds = run_logged(
+            environment, cmd, timeout, out_dir / "logs" / f"precompile-{environment.label}.log"
+        )
+        if returncode is None:
+            return {"status": "timeout", "detail": stderr}
+        if returncode != 0:
+            return {"status": "failed", "detail": last_line(stderr)}
+    if not result_file.exists():
+        return {"status": "failed", "detail": f"no {result_file}"}
+    result = json.loads(result_file.read_text())
+    result["status"] = "ran"
+    return result
+
+
+def precompile_step_decision(step: dict) -> dict:
+    """What a precompile probe step did, as compared across versions: the outcome,
+    whether Dynamo compiled, whether the result equals eager, an error's type."""
+    decision = {"outcome": step.get("outcome")}
+    if step.get("outcome") == "ran":
+        decision["compiled"] = step.get("compiled")
+        decision["matches_eager"] = step.get("matches_eager")
+    elif step.get("outcome") == "error":
+        decision["error"] = (step.get("error") or {}).get("type")
+    return decision
+
+
+def fmt_precompile_decision(decision: Any) -> str:
+    if not isinstance(decision, dict):
+        return str(decision)
+    text = str(decision.get("outcome"))
+    if text == "ran":
+        text += (", compiled" if decision.get("compiled") else ", no compile") + (
+            "" if decision.get("matches_eager") in (True, None) else ", WRONG RESULT"
+        )
+    elif text == "error":
+        text += f" ({decision.get('error')})"
+    if decision.get("message"):
+        text += f": {decision['message']}"
+    return text
+
+
+def precompile_phase_decision(phase: dict) -> str:
+    error = phase.get("error") or {}
+    return f"{phase.get('status')}" + (f" ({error.get('type')})" if error else "")
+
+
+def compare_precompile(ours: dict, theirs: dict, expected: dict[str, str], exact: bool) -> list[dict]:
+    """Precompile probes of two environments, phase by phase and step by step.
+    ``exact`` (two builds of the same patches) also compares error messages."""
+    out = []
+    ours_cases, theirs_cases = ours.get("cases", {}), theirs.get("cases", {})
+    for name in sorted(set(ours_cases) | set(theirs_cases), key=case_sort_key(ours_cases, theirs_cases)):
+        a, b = ours_cases.get(name), theirs_cases.get(name)
+        if a is None or b is None:
+            out.append({"case": name, "what": "missing", "ours": a is not None, "theirs": b is not None})
+            continue
+        for phase in ("save", "load"):
+            da, db = precompile_phase_decision(a[phase]), precompile_phase_decision(b[phase])
+            if exact:
+                da += normalize(str((a[phase].get("error") or {}).get("message", "")))
+                db += normalize(str((b[phase].get("error") or {}).get("message", "")))
+            if da != db:
+                out.append({"case": name, "what": phase, "ours": da, "theirs": db})
+        steps_a, steps_b = a.get("steps", []), b.get("steps", [])
+        if not steps_a or not steps_b:
+            # One side never reached its battery: the phase difference says why.
+            continue
+        for index in range(max(len(steps_a), len(steps_b))):
+            sa = steps_a[index] if index < len(steps_a) else {}
+            sb = steps_b[index] if index < len(steps_b) else {}
+            da, db = precompile_step_decision(sa), precompile_step_decision(sb)
+            if exact:
+                da["message"] = normalize((sa.get("error") or {}).get("message"))
+                db["message"] = normalize((sb.get("error") or {}).get("message"))
+            if da != db:
+                out.append(
+                    {
+                        "case": name,
+                        "what": "step",
+                        "input": sa.get("label") or sb.get("label"),
+                        "ours": da,
+                        "theirs": db,
+                    }
+                )
+    for diff in out:
+        reason = expected.get(diff["case"]) or expected.get(f"{diff['case']}@{diff.get('input', diff['what'])}")
+        diff["intended"] = reason is not None
+        diff["reason"] = reason
+    return out
 
 
 def run_probes(environment: Environment, out_dir: Path, timeout: int) -> dict:
@@ -792,6 +899,112 @@ def build_report(args, environments, infos, test_runs, probe_runs, started) -> d
     return report
 
 
+def add_precompile_report(report: dict, args, precompile_runs: dict) -> None:
+    """The precompile probes' part of the report: every environment's results,
+    overlay (or wheel) against upstream with intended/UNEXPECTED marks, and the
+    overlay-vs-wheel agreement, which --require-agreement gates on too."""
+    expected = load_expected_differences(args.precompile_expected)
+    ran = {label: run for label, run in precompile_runs.items() if run.get("status") == "ran"}
+    report["precompile_runs"] = {
+        label: {k: v for k, v in run.items() if k in ("status", "detail", "seconds", "torch")}
+        for label, run in precompile_runs.items()
+    }
+    report["precompile_cases"] = {
+        label: ran[label].get("cases", {}) for label in report["environments"] if label in ran
+    }
+    ours = "overlay" if "overlay" in ran else ("wheel" if "wheel" in ran else None)
+    if ours and "upstream-2.13" in ran:
+        differences = compare_precompile(ran[ours], ran["upstream-2.13"], expected, exact=False)
+        report["precompile_vs_upstream"] = {"ours": ours, "differences": differences}
+        used = {d["case"] for d in differences if d["intended"]} | {
+            f"{d['case']}@{d.get('input', d['what'])}" for d in differences if d["intended"]
+        }
+        report["unused_precompile_expected_differences"] = sorted(k for k in expected if k not in used)
+    for entry in report["agreement"]:
+        a, b = entry["pair"]
+        if a in ran and b in ran:
+            entry["precompile"] = [
+                {**d, a: d.pop("ours"), b: d.pop("theirs")}
+                for d in compare_precompile(ran[a], ran[b], {}, exact=True)
+            ]
+            for d in entry["precompile"]:
+                d.pop("intended"), d.pop("reason")
+        elif args.probes and (entry["required"] or any(x in ran for x in (a, b))):
+            missing = [x for x in (a, b) if x not in ran]
+            entry["error"] = (entry.get("error") or "") + f" precompile probes did not run: {', '.join(missing)}"
+        entry["agree"] = entry["agree"] and not entry.get("precompile") and not entry.get("error")
+
+
+def render_precompile(report: dict) -> list[str]:
+    lines: list[str] = []
+    add = lines.append
+    cases = report.get("precompile_cases") or {}
+    if not cases:
+        return lines
+    vs = report.get("precompile_vs_upstream")
+    if vs:
+        add(f"## Precompile probes: {vs['ours']} vs upstream-2.13")
+        add("")
+        add(
+            "Each probe (build_scripts/precompile_probes.py) saves in one fresh process and "
+            "loads in another with an empty inductor cache dir (caching_precompile: only "
+            "the dynamo/ folder carried over), then runs its steps under "
+            "set_stance('fail_on_recompile') unless a step says otherwise."
+        )
+        add("")
+        unexpected = [d for d in vs["differences"] if not d["intended"]]
+        intended = [d for d in vs["differences"] if d["intended"]]
+        for title, group in (("UNEXPECTED differences", unexpected), ("Intended differences", intended)):
+            add(f"### {title} ({len(group)})")
+            add("")
+            for d in group:
+                tag = "intended" if d["intended"] else "**UNEXPECTED**"
+                where = f" step {md(d['input'])!s}" if "input" in d else f" {d['what']}"
+                add(
+                    f"- {tag} `{d['case']}`{where}: {vs['ours']} **{md(fmt_precompile_decision(d['ours']))}**; "
+                    f"upstream **{md(fmt_precompile_decision(d['theirs']))}**"
+                )
+                if d["intended"]:
+                    add(f"    - reason: {md(d['reason'])}")
+            add("")
+        if report.get("unused_precompile_expected_differences"):
+            add(
+                "Recorded expected differences that no longer occur: "
+                + ", ".join(f"`{k}`" for k in report["unused_precompile_expected_differences"])
+            )
+            add("")
+    labels = list(cases)
+    add("## Precompile probe results")
+    add("")
+    add("| probe | step | " + " | ".join(labels) + " |")
+    add("|---|---|" + "---|" * len(labels))
+    for name in ordered_case_ids({label: {"cases": c} for label, c in cases.items()}):
+        first = next(c[name] for c in cases.values() if name in c)
+        add(
+            f"| `{name}` ({first['api']}, {first['backend']}) | save / load | "
+            + " | ".join(
+                md(
+                    f"{precompile_phase_decision(c[name]['save'])} / {precompile_phase_decision(c[name]['load'])}"
+                )
+                if name in c
+                else ABSENT
+                for c in cases.values()
+            )
+            + " |"
+        )
+        for index, step in enumerate(first.get("steps", [])):
+            cells = []
+            for c in cases.values():
+                steps = (c.get(name) or {}).get("steps", [])
+                if index >= len(steps):
+                    cells.append(ABSENT)
+                    continue
+                cells.append(fmt_precompile_decision(precompile_step_decision(steps[index])))
+            add(f"| | {md(step['label'])} | " + " | ".join(cells) + " |")
+    add("")
+    return lines
+
+
 def environment_notes(infos: dict) -> list[str]:
     notes = []
     wheel, overlay = infos.get("wheel") or {}, infos.get("overlay") or {}
@@ -870,6 +1083,8 @@ def render_markdown(report: dict) -> str:
                 parts.append(f"{len(entry['tests'])} tests disagree")
             if entry.get("probes"):
                 parts.append(f"{len(entry['probes'])} probe results disagree")
+            if entry.get("precompile"):
+                parts.append(f"{len(entry['precompile'])} precompile probe results disagree")
             gate = "" if entry["required"] else " (informational here; `make diff-overlay-wheel` gates on it)"
             add(f"- **{a} vs {b}: DISAGREE**{gate}: {'; '.join(parts)}.")
     bugs = report.get("probe_bugs", [])
@@ -883,6 +1098,13 @@ def render_markdown(report: dict) -> str:
         unexpected = [d for d in vs["differences"] if not d["intended"]]
         add(
             f"- {vs['ours']} vs upstream-2.13 probe differences: {len(vs['differences'])}, "
+            f"of which **{len(unexpected)} UNEXPECTED**."
+        )
+    pvs = report.get("precompile_vs_upstream")
+    if pvs:
+        unexpected = [d for d in pvs["differences"] if not d["intended"]]
+        add(
+            f"- {pvs['ours']} vs upstream-2.13 precompile probe differences: {len(pvs['differences'])}, "
             f"of which **{len(unexpected)} UNEXPECTED**."
         )
     comparison = report["test_comparison"]
@@ -920,7 +1142,14 @@ def render_markdown(report: dict) -> str:
         for p in entry.get("probes", []):
             where = f" input {p['input']!r}" if "input" in p else ""
             add(f"- probe `{p['case']}` {p['what']}{where}: {a} {md(p.get(a))}, {b} {md(p.get(b))}")
+        for p in entry.get("precompile", []):
+            where = f" step {p['input']!r}" if "input" in p else ""
+            add(
+                f"- precompile probe `{p['case']}` {p['what']}{where}: {a} "
+                f"{md(fmt_precompile_decision(p.get(a)))}, {b} {md(fmt_precompile_decision(p.get(b)))}"
+            )
         add("")
+    lines.extend(render_precompile(report))
 
     if vs:
         add(f"## Guard probes: {vs['ours']} vs upstream-2.13")
@@ -1069,13 +1298,16 @@ def main(argv=None) -> int:
         help="comma-separated environments to run (default: all four)",
     )
     parser.add_argument("--no-tests", dest="tests", action="store_false", help="skip the pytest runs")
-    parser.add_argument("--no-probes", dest="probes", action="store_false", help="skip the guard probes")
+    parser.add_argument(
+        "--no-probes", dest="probes", action="store_false", help="skip the guard and precompile probes"
+    )
     parser.add_argument(
         "--require-agreement",
         type=parse_pairs,
         default=[],
         metavar="A,B[;C,D]",
-        help="exit 1 if these environments disagree on any test or probe (CI: overlay,wheel)",
+        help="exit 1 if these environments disagree on any test, guard probe or precompile "
+        "probe (CI: overlay,wheel)",
     )
     parser.add_argument(
         "--fail-on-unexpected",
@@ -1084,6 +1316,7 @@ def main(argv=None) -> int:
         "loaded-vs-reference mismatch",
     )
     parser.add_argument("--expected", type=Path, default=EXPECTED_DIFFERENCES)
+    parser.add_argument("--precompile-expected", type=Path, default=PRECOMPILE_EXPECTED_DIFFERENCES)
     parser.add_argument(
         "--reuse",
         action="store_true",
@@ -1114,7 +1347,7 @@ def main(argv=None) -> int:
 
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
-    infos, test_runs, probe_runs = {}, {}, {}
+    infos, test_runs, probe_runs, precompile_runs = {}, {}, {}, {}
 
     def run_environment(environment: Environment) -> None:
         label = environment.label
@@ -1138,6 +1371,11 @@ def main(argv=None) -> int:
                 probe_runs[label] = run_probes(environment, args.out, args.probe_timeout)
             run = probe_runs[label]
             say(f"[{label}] probes: {run['status']} ({run.get('wall_seconds', '?')} s) {run.get('detail', '')}")
+            precompile_runs[label] = run_precompile_probes(
+                environment, args.out, args.probe_timeout, args.reuse
+            )
+            run = precompile_runs[label]
+            say(f"[{label}] precompile probes: {run['status']} ({run.get('seconds', '?')} s) {run.get('detail', '')}")
 
     # The environments are independent processes: run the slowest suites first and
     # up to --jobs of them at once.
@@ -1147,6 +1385,7 @@ def main(argv=None) -> int:
             future.result()
 
     report = build_report(args, environments, infos, test_runs, probe_runs, started)
+    add_precompile_report(report, args, precompile_runs)
     (args.out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     (args.out / "report.md").write_text(render_markdown(report))
     print(f"report: {args.out / 'report.md'} ({report['seconds']} s)")
@@ -1157,14 +1396,21 @@ def main(argv=None) -> int:
             a, b = entry["pair"]
             print(
                 f"{a} and {b} disagree: {entry.get('error', '').strip()} "
-                f"{len(entry.get('tests', []))} tests, {len(entry.get('probes', []))} probe results",
+                f"{len(entry.get('tests', []))} tests, {len(entry.get('probes', []))} probe results, "
+                f"{len(entry.get('precompile', []))} precompile probe results",
                 file=sys.stderr,
             )
             status = 1
     unexpected = [d for d in (report.get("probe_vs_upstream") or {}).get("differences", []) if not d["intended"]]
+    unexpected_precompile = [
+        d for d in (report.get("precompile_vs_upstream") or {}).get("differences", []) if not d["intended"]
+    ]
     bugs = report.get("probe_bugs", [])
-    print(f"{len(unexpected)} UNEXPECTED probe differences, {len(bugs)} loaded-vs-reference mismatches")
-    if args.fail_on_unexpected and (unexpected or bugs):
+    print(
+        f"{len(unexpected)} UNEXPECTED guard probe differences, {len(unexpected_precompile)} UNEXPECTED "
+        f"precompile probe differences, {len(bugs)} loaded-vs-reference mismatches"
+    )
+    if args.fail_on_unexpected and (unexpected or unexpected_precompile or bugs):
         status = 1
     return status
 
