@@ -336,10 +336,11 @@ class _GraphRecord:
     # serialize_compile_artifacts (see NOTE: [Custom backend artifacts]).
     compiled: Any = None
     # The torch.compile options the graph was compiled with (NOTE: [Compile
-    # options in packages]), and whether Inductor froze it (options freezing
-    # under no_grad: its weights folded into constants).
+    # options in packages]), and whether Inductor compiled it with freezing on
+    # (under no_grad that folds its weights into constants).
     options: dict = dataclasses.field(default_factory=dict)
-    frozen: bool = False
+    freezing: bool = False
+    frozen_under_no_grad: bool = False
 
 
 class _AOTCacheListener:
@@ -409,12 +410,16 @@ def compile_options(backend) -> dict[str, Any]:
 def _refused_option(record: _GraphRecord) -> Optional[str]:
     """Why the graph's options keep it out of a package, naming the option."""
     options = record.options
-    if record.frozen:
+    if record.freezing:
+        frozen = (
+            "froze this graph (its parameters folded into constants)"
+            if record.frozen_under_no_grad
+            else "compiled this graph with freezing on"
+        )
         return (
-            "options={'freezing': True}: Inductor froze this graph (compiled under "
-            "no_grad, its parameters folded into constants), and 2.7.1's AOTAutograd "
-            "keeps no artifact of a frozen graph; compile without freezing, or with "
-            "gradients enabled (freezing applies only under no_grad), to package it"
+            f"options={{'freezing': True}}: Inductor {frozen}, and 2.7.1's "
+            "AOTAutograd cache keeps no entry for any graph compiled with freezing on, "
+            "so there is no artifact to package; compile without freezing to package it"
         )
     if record.backend == "inductor":
         if options.get("triton.cudagraphs") and "cuda" in record.devices:
@@ -460,11 +465,10 @@ class RecordingBackend:
             self.kind, torch.fx.GraphModule(gm, gm.graph), tuple(sorted(devices))
         )
         record.options = self.options
-        record.frozen = (
-            self.kind == "inductor"
-            and bool(self.options.get("freezing", _inductor_config_value("freezing")))
-            and not torch.is_grad_enabled()
+        record.freezing = self.kind == "inductor" and bool(
+            self.options.get("freezing", _inductor_config_value("freezing"))
         )
+        record.frozen_under_no_grad = record.freezing and not torch.is_grad_enabled()
         if self.kind == "inductor":
             _install_aot_listener()
             previous, _aot_listener.active = _aot_listener.active, record
