@@ -608,6 +608,9 @@ def run_group(names: list[str], out_dir: Path) -> dict[str, dict]:
 
 
 def run_all(out_dir: Path, label: str, names: list[str]) -> dict:
+    # Absolute: Inductor compiles its kernels from elsewhere than this cwd, so a
+    # relative TORCHINDUCTOR_CACHE_DIR breaks the C++ build.
+    out_dir = out_dir.resolve()
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     cases = {}
