@@ -924,11 +924,13 @@ def add_precompile_report(report: dict, args, precompile_runs: dict) -> None:
         a, b = entry["pair"]
         if a in ran and b in ran:
             entry["precompile"] = [
-                {**d, a: d.pop("ours"), b: d.pop("theirs")}
+                {
+                    **{k: v for k, v in d.items() if k not in ("ours", "theirs", "intended", "reason")},
+                    a: d.get("ours"),
+                    b: d.get("theirs"),
+                }
                 for d in compare_precompile(ran[a], ran[b], {}, exact=True)
             ]
-            for d in entry["precompile"]:
-                d.pop("intended"), d.pop("reason")
         elif args.probes and (entry["required"] or any(x in ran for x in (a, b))):
             missing = [x for x in (a, b) if x not in ran]
             entry["error"] = (entry.get("error") or "") + f" precompile probes did not run: {', '.join(missing)}"
