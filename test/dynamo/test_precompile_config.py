@@ -56,6 +56,11 @@ compiled = torch.compile(subject, backend="eager")
 x = torch.randn(2, 4)
 with torch.compiler.set_stance({stance!r}):
     out = compiled(x)
+if not {hold!r}:
+    # the compiled callable is gone before the save, as after torch.compile(f)(x)
+    import gc
+    del compiled
+    gc.collect()
 if {save!r}:
     torch.compiler.save_cache_artifacts()
 dynamo_dir = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "dynamo")
@@ -116,10 +121,10 @@ class TestCachingPrecompile(torch._dynamo.test_case.TestCase):
         self.tmp = Path(tempfile.mkdtemp(prefix="caching-precompile-test-"))
         (self.tmp / "cached_models.py").write_text(CACHED_MODELS)
 
-    def run_process(self, kind, *, caching=True, stance="default", save=False):
+    def run_process(self, kind, *, caching=True, stance="default", save=False, hold=True):
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(self.tmp / "cache")}
         script = CACHING_RUN.format(
-            dir=str(self.tmp), kind=kind, caching=caching, stance=stance, save=save
+            dir=str(self.tmp), kind=kind, caching=caching, stance=stance, save=save, hold=hold
         )
         proc = subprocess.run(
             [sys.executable, "-c", script], cwd=self.tmp, env=env, capture_output=True, text=True
@@ -146,6 +151,23 @@ class TestCachingPrecompile(torch._dynamo.test_case.TestCase):
                 "dynamo_cache": {"dynamo_cache_hit": 1},
                 "saved_packages": 1,
             },
+        )
+
+    def test_entries_of_a_dropped_compiled_callable_are_saved(self):
+        # save_cache_artifacts writes every compile's entries, also those of a
+        # torch.compile()'d callable the program no longer holds.
+        self.assertEqual(
+            self.run_process("function", save=True, hold=False),
+            {
+                "same": True,
+                "traced_graphs": 1,
+                "dynamo_cache": {"dynamo_cache_miss": 1},
+                "saved_packages": 1,
+            },
+        )
+        self.assertEqual(
+            self.run_process("function", stance="fail_on_recompile")["dynamo_cache"],
+            {"dynamo_cache_hit": 1},
         )
 
     def test_off_by_default(self):
