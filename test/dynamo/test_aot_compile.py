@@ -6,6 +6,7 @@ the warm caches the first left); saved functions load in a fresh interpreter wit
 an empty inductor cache under fail_on_recompile without tracing or compiling.
 """
 
+import io
 import json
 import os
 import pickle
@@ -285,6 +286,13 @@ def add_one_and_double(x):
     return (x + 1) * 2
 
 
+OFFSET = 1.0
+
+
+def add_offset(x):
+    return x + OFFSET
+
+
 WRAPPED_MODULE = """
 import functools
 import torch
@@ -541,6 +549,32 @@ class TestAOTCompile(torch._dynamo.test_case.TestCase):
             # The stance still holds for everything else.
             with self.assertRaisesRegex(RuntimeError, "Detected recompile"):
                 torch.compile(fn, backend="eager")(x)
+
+    def test_upstream_keyword_arguments_of_save_and_load(self):
+        path = str(self.tmp / "offset.pt")
+        with torch._dynamo.config.patch("enable_aot_compile", True):
+            compiled = torch.compile(add_offset, fullgraph=True, backend="eager").aot_compile(
+                ((torch.ones(2),), {})
+            )
+            compiled.save_compiled_function(path, external_data={})
+            with self.assertRaisesRegex(TypeError, "external_data must be a dict"):
+                compiled.save_compiled_function(path, external_data=[1])
+        torch._dynamo.reset()
+        x = torch.arange(2.0)
+        data = Path(path).read_bytes()
+        with torch.compiler.set_stance("fail_on_recompile"):
+            # f_globals: what the compiled code and its guards read over the module's
+            same = torch.compiler.load_compiled_function(
+                io.BytesIO(data), f_globals={"OFFSET": 1.0}, external_data={}
+            )
+            self.assertEqual(same(x), x + 1)
+            other = torch.compiler.load_compiled_function(
+                io.BytesIO(data), f_globals={"OFFSET": 5.0}
+            )
+            with self.assertRaisesRegex(RuntimeError, "guards reject.*OFFSET"):
+                other(x)
+            plain = torch.compiler.load_compiled_function(io.BytesIO(data))
+            self.assertEqual(plain(x), x + 1)
 
     def test_module_entry_points_save_and_load_in_fresh_process(self):
         (self.tmp / "aot_models.py").write_text(MODEL_MODULE)

@@ -181,9 +181,12 @@ class AOTCompiledFunction:
                 )
         return self._run(*args, **kwargs)
 
-    def save_compiled_function(self, path) -> AOTCompileSaveResult:
-        """Write the compiled function (the compile package format, one file)."""
-        result = type(self).serialize(self)
+    def save_compiled_function(self, path, external_data=None) -> AOTCompileSaveResult:
+        """Write the compiled function (the compile package format, one file).
+
+        ``external_data`` is upstream's table of objects to leave out of the file
+        (see NOTE: [External data])."""
+        result = type(self).serialize(self, external_data)
         path = os.fspath(path)
         tmp = f"{path}.tmp-{os.getpid()}"
         with open(tmp, "wb") as f:
@@ -192,8 +195,9 @@ class AOTCompiledFunction:
         return result
 
     @classmethod
-    def serialize(cls, fn: AOTCompiledFunction) -> AOTCompileSaveResult:
+    def serialize(cls, fn: AOTCompiledFunction, external_data=None) -> AOTCompileSaveResult:
         """``fn`` as the bytes ``save_compiled_function`` writes."""
+        _check_external_data(external_data)
         files, manifest = fn._package.collect_files()
         if manifest["entries"] != 1:
             raise PackageError(
@@ -210,9 +214,13 @@ class AOTCompiledFunction:
         return AOTCompileSaveResult(serialized_data=buf.getvalue())
 
     @classmethod
-    def deserialize(cls, data: bytes) -> AOTCompiledFunction:
+    def deserialize(
+        cls, data: bytes, f_globals=None, external_closure_data=None
+    ) -> AOTCompiledFunction:
         """The compiled function ``serialize`` turned into ``data``."""
-        return load_compiled_function(io.BytesIO(data))
+        return load_compiled_function(
+            io.BytesIO(data), f_globals=f_globals, external_data=external_closure_data
+        )
 
 
 def _compile_fullgraph(fn, backend, args, kwargs) -> CompilePackage:
@@ -272,17 +280,41 @@ def aot_compile_fullgraph(fn, backend, example_inputs) -> AOTCompiledFunction:
     return AOTCompiledFunction(fn, out_code, fn.__globals__, entry.guards_state, package)
 
 
-def load_compiled_function(file) -> AOTCompiledFunction:
+# NOTE: [External data]
+# Upstream pickles the compiled function's closure and globals into the file
+# and asks for the objects it cannot pickle (nn.Modules) as ``external_data``
+# at save and again at load. A file written here holds neither: the compiled
+# code runs with the live function's closure and its module's globals, found
+# again at load (NOTE: [Finding a local function again]), so there is nothing
+# to leave out or put back. Both ends take the argument, so code written for
+# upstream runs unchanged, and check that it is what upstream takes.
+
+
+def _check_external_data(external_data) -> None:
+    if external_data is not None and not (
+        isinstance(external_data, dict) and all(isinstance(k, str) for k in external_data)
+    ):
+        raise TypeError(
+            f"external_data must be a dict with str keys, not {type(external_data).__name__}"
+        )
+
+
+def load_compiled_function(file, *, f_globals=None, external_data=None) -> AOTCompiledFunction:
     """Read a compiled function written by ``save_compiled_function``.
 
     ``file`` is a binary file object or a path. The function it was compiled from
     must exist in this process: importable by its module and qualified name, or,
     for a function defined in a local scope, alive (see
-    NOTE: [Finding a local function again]).
+    NOTE: [Finding a local function again]). ``f_globals``: globals the compiled
+    code (and its guards) read, over those of the function's module, as
+    upstream's ``f_globals``; ``external_data``: see NOTE: [External data].
     """
+    _check_external_data(external_data)
+    if f_globals is not None and not isinstance(f_globals, dict):
+        raise TypeError(f"f_globals must be a dict, not {type(f_globals).__name__}")
     if isinstance(file, (str, os.PathLike)):
         with open(file, "rb") as f:
-            return load_compiled_function(f)
+            return load_compiled_function(f, f_globals=f_globals, external_data=external_data)
     where = getattr(file, "name", "<file>")
     files, manifest = read_archive(file, where)
     if "aot_compile" not in manifest:
@@ -293,8 +325,11 @@ def load_compiled_function(file) -> AOTCompiledFunction:
         raise PackageError(f"{where} holds {len(loaded)} entries, not one")
     entry = loaded[0]
     fn = _function_of(entry.entry.code_key, manifest["aot_compile"], where)
+    runtime_globals = entry.f_globals
+    if f_globals is not None:
+        runtime_globals = {**entry.f_globals, **f_globals}
     return AOTCompiledFunction(
-        fn, entry.out_code, entry.f_globals, entry.entry.guards_state, package
+        fn, entry.out_code, runtime_globals, entry.entry.guards_state, package
     )
 
 
