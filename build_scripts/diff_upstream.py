@@ -937,6 +937,30 @@ def add_precompile_report(report: dict, args, precompile_runs: dict) -> None:
         entry["agree"] = entry["agree"] and not entry.get("precompile") and not entry.get("error")
 
 
+def render_versus_upstream(add, title, intro, vs, unused, describe) -> None:
+    """One "<ours> vs upstream-2.13" section of the report: the UNEXPECTED then the
+    intended differences, each written by ``describe(difference, tag)`` with the
+    recorded reason under an intended one, then the recorded differences that no
+    longer occur (``unused``)."""
+    add(f"## {title}: {vs['ours']} vs upstream-2.13")
+    add("")
+    add(intro)
+    add("")
+    unexpected = [d for d in vs["differences"] if not d["intended"]]
+    intended = [d for d in vs["differences"] if d["intended"]]
+    for heading, group in (("UNEXPECTED differences", unexpected), ("Intended differences", intended)):
+        add(f"### {heading} ({len(group)})")
+        add("")
+        for d in group:
+            describe(d, "intended" if d["intended"] else "**UNEXPECTED**")
+            if d["intended"]:
+                add(f"    - reason: {md(d['reason'])}")
+        add("")
+    if unused:
+        add("Recorded expected differences that no longer occur: " + ", ".join(f"`{k}`" for k in unused))
+        add("")
+
+
 def render_precompile(report: dict) -> list[str]:
     lines: list[str] = []
     add = lines.append
@@ -945,36 +969,22 @@ def render_precompile(report: dict) -> list[str]:
         return lines
     vs = report.get("precompile_vs_upstream")
     if vs:
-        add(f"## Precompile probes: {vs['ours']} vs upstream-2.13")
-        add("")
-        add(
+        render_versus_upstream(
+            add,
+            "Precompile probes",
             "Each probe (build_scripts/precompile_probes.py) saves in one fresh process and "
             "loads in another with an empty inductor cache dir (caching_precompile: only "
             "the dynamo/ folder carried over), then runs its steps under "
-            "set_stance('fail_on_recompile') unless a step says otherwise."
+            "set_stance('fail_on_recompile') unless a step says otherwise.",
+            vs,
+            report.get("unused_precompile_expected_differences"),
+            lambda d, tag: add(
+                f"- {tag} `{d['case']}`"
+                + (f" step {md(d['input'])!s}" if "input" in d else f" {d['what']}")
+                + f": {vs['ours']} **{md(fmt_precompile_decision(d['ours']))}**; "
+                f"upstream **{md(fmt_precompile_decision(d['theirs']))}**"
+            ),
         )
-        add("")
-        unexpected = [d for d in vs["differences"] if not d["intended"]]
-        intended = [d for d in vs["differences"] if d["intended"]]
-        for title, group in (("UNEXPECTED differences", unexpected), ("Intended differences", intended)):
-            add(f"### {title} ({len(group)})")
-            add("")
-            for d in group:
-                tag = "intended" if d["intended"] else "**UNEXPECTED**"
-                where = f" step {md(d['input'])!s}" if "input" in d else f" {d['what']}"
-                add(
-                    f"- {tag} `{d['case']}`{where}: {vs['ours']} **{md(fmt_precompile_decision(d['ours']))}**; "
-                    f"upstream **{md(fmt_precompile_decision(d['theirs']))}**"
-                )
-                if d["intended"]:
-                    add(f"    - reason: {md(d['reason'])}")
-            add("")
-        if report.get("unused_precompile_expected_differences"):
-            add(
-                "Recorded expected differences that no longer occur: "
-                + ", ".join(f"`{k}`" for k in report["unused_precompile_expected_differences"])
-            )
-            add("")
     labels = list(cases)
     add("## Precompile probe results")
     add("")
@@ -1154,51 +1164,39 @@ def render_markdown(report: dict) -> str:
     lines.extend(render_precompile(report))
 
     if vs:
-        add(f"## Guard probes: {vs['ours']} vs upstream-2.13")
-        add("")
-        add(
+        def describe_guard_difference(d, tag):
+            for side, who in (("ours", vs["ours"]), ("theirs", "upstream")):
+                if d.get(f"{side}_self_mismatch"):
+                    tag += f" (⚠ {who}'s loaded guards disagree with its reference: see BUGS)"
+            if d["kind"] == "status":
+                add(
+                    f"- {tag} `{d['case']}`: {vs['ours']} **{d['ours_status']}**"
+                    + refusal_text(d.get("ours_refusal"))
+                    + f"; upstream **{d['theirs_status']}**"
+                    + refusal_text(d.get("theirs_refusal"))
+                )
+                return
+            add(f"- {tag} `{d['case']}`: loaded decisions differ on {len(d['inputs'])} input(s)")
+            for i in d["inputs"]:
+                add(
+                    f"    - {md(i['input'])}: {vs['ours']} ref {fmt_decision(i['ours_reference'])} / "
+                    f"loaded {fmt_decision(i['ours_loaded'])}; upstream ref "
+                    f"{fmt_decision(i['theirs_reference'])} / loaded {fmt_decision(i['theirs_loaded'])}"
+                    + (" (references differ)" if i["references_differ"] else " (**serialization**)")
+                    + (f"; {vs['ours']}: {md(i['ours_why'])}" if i["ours_why"] else "")
+                    + (f"; upstream: {md(i['theirs_why'])}" if i["theirs_why"] else "")
+                )
+
+        render_versus_upstream(
+            add,
+            "Guard probes",
             "Decisions compared are those of the LOADED guards in a fresh process. "
             "`references differ` means the two versions' own compile-time guards already "
-            "decide differently (their guard sets differ), not a serialization effect."
+            "decide differently (their guard sets differ), not a serialization effect.",
+            vs,
+            report.get("unused_expected_differences"),
+            describe_guard_difference,
         )
-        add("")
-        unexpected = [d for d in vs["differences"] if not d["intended"]]
-        intended = [d for d in vs["differences"] if d["intended"]]
-        for title, group in (("UNEXPECTED differences", unexpected), ("Intended differences", intended)):
-            add(f"### {title} ({len(group)})")
-            add("")
-            for d in group:
-                tag = "intended" if d["intended"] else "**UNEXPECTED**"
-                for side, who in (("ours", vs["ours"]), ("theirs", "upstream")):
-                    if d.get(f"{side}_self_mismatch"):
-                        tag += f" (⚠ {who}'s loaded guards disagree with its reference: see BUGS)"
-                if d["kind"] == "status":
-                    add(
-                        f"- {tag} `{d['case']}`: {vs['ours']} **{d['ours_status']}**"
-                        + refusal_text(d.get("ours_refusal"))
-                        + f"; upstream **{d['theirs_status']}**"
-                        + refusal_text(d.get("theirs_refusal"))
-                    )
-                else:
-                    add(f"- {tag} `{d['case']}`: loaded decisions differ on {len(d['inputs'])} input(s)")
-                    for i in d["inputs"]:
-                        add(
-                            f"    - {md(i['input'])}: {vs['ours']} ref {fmt_decision(i['ours_reference'])} / "
-                            f"loaded {fmt_decision(i['ours_loaded'])}; upstream ref "
-                            f"{fmt_decision(i['theirs_reference'])} / loaded {fmt_decision(i['theirs_loaded'])}"
-                            + (" (references differ)" if i["references_differ"] else " (**serialization**)")
-                            + (f"; {vs['ours']}: {md(i['ours_why'])}" if i["ours_why"] else "")
-                            + (f"; upstream: {md(i['theirs_why'])}" if i["theirs_why"] else "")
-                        )
-                if d["intended"]:
-                    add(f"    - reason: {md(d['reason'])}")
-            add("")
-        if report.get("unused_expected_differences"):
-            add(
-                "Recorded expected differences that no longer occur: "
-                + ", ".join(f"`{k}`" for k in report["unused_expected_differences"])
-            )
-            add("")
 
     statuses = report.get("probe_statuses") or {}
     if statuses:
