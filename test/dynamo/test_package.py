@@ -721,10 +721,19 @@ class TestPackageAndReset(PackageTestCase):
         self.assertEqual(counters["stats"]["unique_graphs"], 0)
         torch._dynamo.reset()
         # The same code compiled anew, with another backend: nothing of the
-        # loaded entry may be left behind.
-        recompiled = torch.compile(_scaled_sum, backend=final_backend)
-        self.assertEqual(recompiled(x), _scaled_sum(x))
-        self.assertEqual(recompiled(x + 1), _scaled_sum(x + 1))
+        # loaded entry may be left behind. Inductor compiles in a cache dir of its
+        # own, its in-memory caches cleared: an earlier test of this process may
+        # have left them pointing into a temporary cache dir that is gone.
+        # They are cleared again after, as the temporary dir goes with the block.
+        from torch._inductor.utils import clear_inductor_caches, fresh_inductor_cache
+
+        try:
+            with fresh_inductor_cache():
+                recompiled = torch.compile(_scaled_sum, backend=final_backend)
+                self.assertEqual(recompiled(x), _scaled_sum(x))
+                self.assertEqual(recompiled(x + 1), _scaled_sum(x + 1))
+        finally:
+            clear_inductor_caches()
         self.assertEqual(counters["stats"]["unique_graphs"], 1)
 
 
