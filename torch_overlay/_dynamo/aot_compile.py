@@ -49,12 +49,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch._dynamo.exc import PackageError
 
-from .package import (
-    _CUSTOM_BACKEND,
-    CompilePackage,
-    read_archive,
-    write_archive,
-)
+from .package import CompilePackage
+from .package_artifacts import _CUSTOM_BACKEND, read_archive, write_archive
 
 
 log = logging.getLogger(__name__)

@@ -13,33 +13,12 @@ trace, no AOTAutograd, no Inductor codegen and no C++ compiler.
 Provides :class:`CompilePackage`, :class:`PackageAwareConvertFrame` (the frame
 callback wrapper), the package format (:data:`PACKAGE_FORMAT_VERSION`), and
 upstream's entry points to saved guards, :func:`load_guards_state` and
-:func:`load_guard_manager`.
-
-# NOTE: [Package format]
-# <dir>/manifest.json       read and checked before anything is unpickled:
-#                           format version, torch version, overlay series hash,
-#                           Python version, CPU capability, device, and the sha256
-#                           of every other file
-# <dir>/dynamo.bin          the entries: builtin containers only (read with an
-#                           unpickler that resolves no global at all)
-# <dir>/graphs/<name>.bin   one backend artifact per compiled graph
-# <dir>/kernels/<h>.so      Inductor's compiled CPU kernels, by the hash of their
-#                           (cache-dir independent) source
-# A save writes a sibling temporary directory and renames it into place, so a
-# crashed save never leaves a half package.
-#
-# NOTE: [Loading Inductor graphs without compiling]
-# An Inductor graph is saved as its AOTAutograd cache entry with the forward and
-# backward CompiledFxGraphs embedded (2.7.1's entries only hold FX-graph-cache
-# keys), plus the kernel binaries the graphs' wrapper code loads. At load the
-# wrapper code runs with kernel loading redirected to the package's binaries, so
-# neither the C++ compiler nor Inductor's CPU ISA probe runs; the CPU capability
-# recorded at save is checked instead.
+:func:`load_guard_manager`. The graphs' artifacts and the package's files are
+torch/_dynamo/package_artifacts.py (NOTE: [Package format]).
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import dataclasses
 import functools
@@ -47,13 +26,10 @@ import hashlib
 import importlib
 import inspect
 import io
-import json
 import logging
 import marshal
 import os
 import pickle
-import platform
-import re
 import shutil
 import sys
 import tempfile
@@ -68,14 +44,26 @@ from typing import Any, Callable, Optional
 import torch
 from torch._dynamo.exc import PackageError
 
+from .package_artifacts import (
+    _CUSTOM_BACKEND,
+    _DYNAMO_FILE,
+    _environment,
+    _GraphRecord,
+    _PackagedInductorGraph,
+    _KernelRedirect,
+    _sha256,
+    _trust_recorded_vec_isa,
+    _write_atomically,
+    deserialize_graph,
+    overlay_series_hash,
+    PACKAGE_FORMAT_VERSION,
+    read_manifest,
+    serialize_graph,
+)
+
 
 log = logging.getLogger(__name__)
 
-# 2: resume entries are keyed by a fingerprint of their code, modules compiled
-# through the inline wrapper by their class (NOTE: [Keys of package entries]).
-PACKAGE_FORMAT_VERSION = 2
-MANIFEST = "manifest.json"
-_DYNAMO_FILE = "dynamo.bin"
 
 _tls = threading.local()
 
@@ -123,33 +111,6 @@ def _recording(package: Optional[CompilePackage]):
         yield
     finally:
         _tls.package = previous
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def overlay_series_hash() -> str:
-    """The patch series this torch carries: the patched wheel's version stamp, or
-    the overlay's series hash."""
-    version = str(torch.__version__)
-    if "+overlay." in version:
-        return version.split("+overlay.", 1)[1][:12]
-    try:
-        from torch_overlay._overlay.series import series_hash
-
-        return series_hash()[:12]
-    except ImportError:
-        return "none"
-
-
-def _environment() -> dict:
-    return {
-        "torch_version": str(torch.__version__).split("+")[0],
-        "python_version": platform.python_version(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "machine": platform.machine(),
-    }
 
 
 # ---------------------------------------------------------------------------
@@ -320,27 +281,6 @@ def _all_names(code: types.CodeType) -> set[str]:
 # ---------------------------------------------------------------------------
 # Backend artifacts
 # ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _GraphRecord:
-    """What a package keeps of one graph compiled by its backend."""
-
-    backend: str
-    gm: Any
-    devices: tuple = ()
-    aot_cache_key: Optional[str] = None
-    aot_config: Optional[dict] = None
-    aot_entry: Any = None
-    # A custom backend's compiled callable: saved through its class's
-    # serialize_compile_artifacts (see NOTE: [Custom backend artifacts]).
-    compiled: Any = None
-    # The torch.compile options the graph was compiled with (NOTE: [Compile
-    # options in packages]), and whether Inductor compiled it with freezing on
-    # (under no_grad that folds its weights into constants).
-    options: dict = dataclasses.field(default_factory=dict)
-    freezing: bool = False
-    frozen_under_no_grad: bool = False
 
 
 class _AOTCacheListener:
@@ -514,9 +454,6 @@ def _unwrap_chain(fn) -> list:
     return chain
 
 
-_CUSTOM_BACKEND = "custom:"
-
-
 def backend_kind(backend) -> str:
     """How a package saves the graphs ``backend`` compiles: ``eager``,
     ``aot_eager``, ``inductor``, or ``custom:<name>`` for any other backend."""
@@ -528,368 +465,6 @@ def backend_kind(backend) -> str:
     if name in ("eager", "aot_eager", "inductor"):
         return name
     return f"{_CUSTOM_BACKEND}{name or type(backend).__qualname__}"
-
-
-# NOTE: [Custom backend artifacts]
-# A backend other than eager / aot_eager / inductor is saved the way upstream
-# saves every backend's output: its compiled callable must be an instance of
-# torch._dynamo.aot_compile_types.SerializableCallable, whose class turns it into
-# bytes (serialize_compile_artifacts(fn)) and back into a callable
-# (deserialize_compile_artifacts(data)). The artifact names the class by module
-# and qualified name, so the class must be importable where the package loads
-# (defined at module level); the bytes are the class's own business.
-
-
-def _backend_name(kind: str) -> str:
-    return kind[len(_CUSTOM_BACKEND) :]
-
-
-def _serialize_custom_graph(record: _GraphRecord) -> bytes:
-    from torch._dynamo.aot_compile_types import SerializableCallable
-
-    compiled = record.compiled
-    cls = type(compiled)
-    if not isinstance(compiled, SerializableCallable):
-        raise PackageError(
-            f"Compiled function type {cls} (produced from backend "
-            f"{_backend_name(record.backend)!r}) does not implement SerializableCallable: "
-            "return an instance of a torch._dynamo.aot_compile_types.SerializableCallable "
-            "subclass from the backend to save its graphs"
-        )
-    if "<locals>" in cls.__qualname__ or _import_class(cls.__module__, cls.__qualname__) is not cls:
-        raise PackageError(
-            f"the compiled function class {cls.__module__}.{cls.__qualname__} of backend "
-            f"{_backend_name(record.backend)!r} cannot be imported by name: define it at "
-            "module level so that loading can find its deserialize_compile_artifacts"
-        )
-    try:
-        artifacts = cls.serialize_compile_artifacts(compiled)
-    except Exception as e:
-        raise PackageError(
-            f"{cls.__qualname__}.serialize_compile_artifacts failed: {e!r}"
-        ) from e
-    if not isinstance(artifacts, (bytes, bytearray)):
-        raise PackageError(
-            f"{cls.__qualname__}.serialize_compile_artifacts returned "
-            f"{type(artifacts).__name__}, not bytes"
-        )
-    return pickle.dumps(
-        {
-            "backend": record.backend,
-            "callable_class": (cls.__module__, cls.__qualname__),
-            "artifacts": bytes(artifacts),
-        }
-    )
-
-
-def _import_class(module_name: str, qualname: str):
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError):
-        return None
-    return obj
-
-
-def _deserialize_custom_graph(payload: dict):
-    from torch._dynamo.aot_compile_types import SerializableCallable
-
-    module_name, qualname = payload["callable_class"]
-    cls = _import_class(module_name, qualname)
-    if not (isinstance(cls, type) and issubclass(cls, SerializableCallable)):
-        raise PackageError(
-            f"the graph of backend {_backend_name(payload['backend'])!r} was saved by "
-            f"{module_name}.{qualname}, which is not an importable SerializableCallable "
-            "in this process"
-        )
-    return cls.deserialize_compile_artifacts(payload["artifacts"])
-
-
-_CPP_PYBINDING = "cpp_pybinding"
-
-
-def _kernel_sources(source_code: str) -> list[tuple[list, str]]:
-    """(argtypes, C++ source) of every CPU kernel a graph's wrapper code loads."""
-    out = []
-    for node in ast.walk(ast.parse(source_code)):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == _CPP_PYBINDING
-            and len(node.args) == 2
-        ):
-            try:
-                out.append((ast.literal_eval(node.args[0]), ast.literal_eval(node.args[1])))
-            except ValueError:
-                continue
-    return out
-
-
-# Kernels include Inductor's prefix header by its absolute path in the cache dir.
-_ABSOLUTE_INCLUDE = re.compile(r'#include\s*"/[^"]*/([^"/]+)"')
-
-
-def kernel_hash(argtypes, source_code: str) -> str:
-    """Identity of a CPU kernel that does not depend on the inductor cache dir."""
-    normalized = _ABSOLUTE_INCLUDE.sub(r'#include "\1"', source_code)
-    return _sha256(repr(list(argtypes)).encode() + b"\0" + normalized.encode())
-
-
-# NOTE: [Extern kernels of packaged graphs]
-# Generated wrapper code calls ATen kernels as ``extern_kernels.<name>``, a
-# namespace Inductor fills by importing its lowering modules (seconds). A graph
-# is saved with the kernels its code names, each only if pickling gives back
-# the very same object (builtins such as torch.addmm), and the loader
-# registers them before the code runs; any other name fills the namespace on
-# first use, the way a compile would.
-_EXTERN_KERNEL_NAME = re.compile(r"\bextern_kernels\.(\w+)")
-
-
-def _extern_kernels(*graph_blobs: Optional[bytes]) -> dict[str, Any]:
-    """The picklable extern kernels the graphs' wrapper code calls, by name."""
-    from torch._inductor.select_algorithm import extern_kernels
-
-    kernels = {}
-    for blob in graph_blobs:
-        if blob is None:
-            continue
-        for name in set(_EXTERN_KERNEL_NAME.findall(pickle.loads(blob).source_code)):
-            kernel = vars(extern_kernels).get(name)
-            try:
-                if kernel is not None and pickle.loads(pickle.dumps(kernel)) is kernel:
-                    kernels[name] = kernel
-            except Exception:
-                log.debug("package: extern kernel %s is not picklable", name)
-    return kernels
-
-
-def _register_extern_kernels(kernels: dict[str, Any]) -> None:
-    from torch._inductor.runtime.runtime_utils import extern_kernels
-
-    for name, kernel in kernels.items():
-        vars(extern_kernels).setdefault(name, kernel)
-
-
-def _compiled_fx_graph_blob(key: str) -> bytes:
-    from torch._inductor.codecache import FxGraphCache
-
-    directory = FxGraphCache._get_tmp_dir_for_key(key)
-    if not os.path.isdir(directory):
-        raise PackageError(f"FX graph cache entry {key} is missing from {directory}")
-    candidates = sorted(
-        (os.path.join(directory, f) for f in os.listdir(directory)),
-        key=os.path.getmtime,
-    )
-    if not candidates:
-        raise PackageError(f"FX graph cache entry {key} is empty")
-    # The newest candidate is the one this process's compile wrote or read.
-    with open(candidates[-1], "rb") as f:
-        return f.read()
-
-
-def _kernel_binaries(graph_blob: bytes) -> dict[str, bytes]:
-    from torch._inductor.codecache import CppPythonBindingsCodeCache
-
-    graph = pickle.loads(graph_blob)
-    binaries = {}
-    for argtypes, source in _kernel_sources(graph.source_code):
-        kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, source)
-        module = getattr(kernel, "__self__", None)
-        path = getattr(module, "__file__", None)
-        if not path or not os.path.exists(path):
-            raise PackageError(f"compiled kernel binary for {argtypes} not found")
-        with open(path, "rb") as f:
-            binaries[kernel_hash(argtypes, source)] = f.read()
-    return binaries
-
-
-def serialize_graph(record: _GraphRecord) -> tuple[bytes, dict[str, bytes]]:
-    """The artifact of one graph and the kernel binaries it needs."""
-    if record.backend in ("eager", "aot_eager"):
-        return pickle.dumps({"backend": record.backend, "gm": record.gm}), {}
-    if record.backend.startswith(_CUSTOM_BACKEND):
-        return _serialize_custom_graph(record), {}
-    if record.backend != "inductor":
-        raise PackageError(f"backend {record.backend!r} artifacts cannot be packaged")
-    refused = _refused_option(record)
-    if refused is not None:
-        raise PackageError(refused)
-    entry = record.aot_entry
-    if entry is None:
-        raise PackageError(
-            "AOTAutograd did not write a cache entry for it (keep "
-            "torch._functorch.config.enable_autograd_cache on; graphs AOTAutograd "
-            "cannot cache, e.g. with higher-order ops, cannot be packaged)"
-        )
-    fw_blob = _compiled_fx_graph_blob(entry.compiled_fw.fx_graph_cache_key)
-    bw_blob = (
-        _compiled_fx_graph_blob(entry.compiled_bw.fx_graph_cache_key)
-        if entry.compiled_bw is not None
-        else None
-    )
-    kernels = _kernel_binaries(fw_blob)
-    if bw_blob is not None:
-        kernels.update(_kernel_binaries(bw_blob))
-    from torch._inductor.codecache import pick_vec_isa
-
-    payload = {
-        "backend": "inductor",
-        "entry": entry.serialize() if hasattr(entry, "serialize") else pickle.dumps(entry),
-        "fw_graph": fw_blob,
-        "bw_graph": bw_blob,
-        "aot_config": record.aot_config,
-        "params": {
-            name: t.detach()
-            for name, t in [
-                *record.gm.named_parameters(remove_duplicate=False),
-                *record.gm.named_buffers(remove_duplicate=False),
-            ]
-        },
-        "vec_isa": str(pick_vec_isa()),
-        "extern_kernels": _extern_kernels(fw_blob, bw_blob),
-    }
-    buf = io.BytesIO()
-    torch.save(payload, buf)
-    return buf.getvalue(), kernels
-
-
-class _KernelRedirect:
-    """While active, CPU kernels found in ``binaries`` load from there, not gcc."""
-
-    def __init__(self, kernel_paths: dict[str, str]) -> None:
-        self.kernel_paths = kernel_paths
-
-    @contextlib.contextmanager
-    def active(self):
-        from torch._inductor import codecache
-        from torch._inductor import config as inductor_config
-
-        cls = codecache.CppPythonBindingsCodeCache
-        original = cls.__dict__["load_pybinding_async"]
-        paths = self.kernel_paths
-
-        def load_pybinding_async(klass, argtypes, source_code, *args, **kwargs):
-            path = paths.get(kernel_hash(argtypes, source_code))
-            if path is None:
-                log.warning("package: kernel not in package, compiling it")
-                return original.__func__(klass, argtypes, source_code, *args, **kwargs)
-            key = "overlay_pkg_" + os.path.basename(path)[: -len(".so")]
-
-            def load():
-                return getattr(klass._load_library(path, key), klass.entry_function)
-
-            return load
-
-        cls.load_pybinding_async = classmethod(load_pybinding_async)
-        try:
-            with inductor_config.patch(compile_threads=1):
-                yield
-        finally:
-            cls.load_pybinding_async = original
-
-
-class _PackagedInductorGraph:
-    """A compiled Inductor graph rebuilt from a package on its first call."""
-
-    def __init__(self, payload: dict, redirect: _KernelRedirect, name: str) -> None:
-        self.payload = payload
-        self.redirect = redirect
-        self.name = name
-        self.params_flat = list(payload["params"].values())
-        self.compiled = None
-
-    def _hydrate(self, full_args):
-        from torch._functorch._aot_autograd.autograd_cache import CompiledBackward, CompiledForward
-        from torch._functorch._aot_autograd.schemas import AOTConfig
-        from torch._inductor.output_code import CompiledFxGraphConstants
-        from torch._inductor.utils import BoxedBool
-
-        entry = pickle.loads(self.payload["entry"])
-        redirect = self.redirect
-        extern_kernel_refs = self.payload.get("extern_kernels", {})
-
-        def loadable(base, original, blob):
-            class _Embedded(base):
-                def load(self, example_inputs, fx_config):
-                    graph = pickle.loads(blob)
-                    constants = CompiledFxGraphConstants()
-                    _register_extern_kernels(extern_kernel_refs)
-                    with redirect.active():
-                        graph.after_deserialization(constants)
-                    graph.post_compile(example_inputs, fx_config["cudagraphs"], constants)
-                    return graph
-
-            fields = {f.name: getattr(original, f.name) for f in dataclasses.fields(base)}
-            return _Embedded(**fields)
-
-        entry.compiled_fw = loadable(CompiledForward, entry.compiled_fw, self.payload["fw_graph"])
-        if entry.compiled_bw is not None:
-            entry.compiled_bw = loadable(
-                CompiledBackward, entry.compiled_bw, self.payload["bw_graph"]
-            )
-
-        def no_compile(*args, **kwargs):
-            raise PackageError(f"packaged graph {self.name} tried to compile at load")
-
-        aot_config = AOTConfig(
-            fw_compiler=no_compile,
-            bw_compiler=no_compile,
-            partition_fn=no_compile,
-            decompositions={},
-            aot_id=-1,
-            inference_compiler=no_compile,
-            enable_log=False,
-            **self.payload["aot_config"],
-        )
-        from torch._dynamo.utils import dynamo_timed
-
-        # wrap_post_compile reports to the event a compile would have open.
-        with dynamo_timed("backend_compile", log_pt2_compile_event=True):
-            return entry.wrap_post_compile(
-                list(full_args), aot_config, {"cudagraphs": BoxedBool(False)}
-            )
-
-    def __call__(self, *runtime_args):
-        full_args = [*self.params_flat, *runtime_args]
-        if self.compiled is None:
-            self.compiled = self._hydrate(full_args)
-        return self.compiled(full_args)
-
-
-class _PackagedAOTEagerGraph:
-    """aot_eager: AOTAutograd runs again on the saved graph, on the first call
-    with each input signature (the Dynamo graph itself is saved)."""
-
-    def __init__(self, gm) -> None:
-        self.gm = gm
-        self.compiled: dict[tuple, Callable] = {}
-
-    def __call__(self, *args):
-        key = tuple(
-            (tuple(a.shape), tuple(a.stride()), a.dtype, a.requires_grad)
-            if isinstance(a, torch.Tensor)
-            else (type(a), a)
-            for a in args
-        )
-        fn = self.compiled.get(key)
-        if fn is None:
-            from torch._dynamo.backends.debugging import aot_eager
-
-            fn = self.compiled[key] = aot_eager(self.gm, list(args))
-        return fn(*args)
-
-
-def deserialize_graph(blob: bytes, redirect: _KernelRedirect, name: str):
-    if blob[:2] == b"PK":  # torch.save zip: an Inductor graph
-        payload = torch.load(io.BytesIO(blob), weights_only=False)
-        return _PackagedInductorGraph(payload, redirect, name)
-    payload = pickle.loads(blob)
-    if payload["backend"].startswith(_CUSTOM_BACKEND):
-        return _deserialize_custom_graph(payload)
-    if payload["backend"] == "eager":
-        return payload["gm"].forward
-    return _PackagedAOTEagerGraph(payload["gm"])
 
 
 # ---------------------------------------------------------------------------
@@ -1124,8 +699,13 @@ class CompilePackage:
             if artifact in self._loaded_graph_blobs:
                 files[f"graphs/{artifact}.bin"] = self._loaded_graph_blobs[artifact]
                 continue
+            record = self._graph_records[artifact]
+            refused = _refused_option(record)
+            if refused is not None:
+                failed[artifact] = refused
+                continue
             try:
-                blob, graph_kernels = serialize_graph(self._graph_records[artifact])
+                blob, graph_kernels = serialize_graph(record)
             except PackageError as e:
                 failed[artifact] = str(e)
                 continue
@@ -1484,105 +1064,7 @@ def find_precompiled_lookup(callback):
     return None
 
 
-def _trust_recorded_vec_isa() -> None:
-    """Skip Inductor's compile-and-run CPU probe: the package recorded the ISA its
-    kernels were built for, and the CPU capability was checked in the manifest."""
-    import torch._inductor.config as inductor_config
-
-    inductor_config.cpp.vec_isa_ok = True
-
-
 # ---------------------------------------------------------------------------
 # Files
 # ---------------------------------------------------------------------------
 
-
-def _write_atomically(path: Path, files: dict[str, bytes], manifest: dict) -> None:
-    path = path.resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.saving-", dir=path.parent))
-    try:
-        for name, data in files.items():
-            target = staging / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-        # The manifest goes last: a directory without one is not a package.
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        if path.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-            os.rename(path, trash / "old")
-            os.rename(staging, path)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(staging, path)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-
-
-def read_manifest(path: Path) -> dict:
-    """Read and check a package's manifest; nothing is unpickled before this."""
-    try:
-        manifest = json.loads((Path(path) / MANIFEST).read_text())
-    except FileNotFoundError as e:
-        raise PackageError(f"{path} is not a torch.compile package (no {MANIFEST})") from e
-    except (OSError, ValueError) as e:
-        raise PackageError(f"package {path}: {MANIFEST} is damaged: {e}") from e
-    return check_manifest(manifest, path)
-
-
-def check_manifest(manifest, path) -> dict:
-    """Check a manifest against this process (format, versions, CPU)."""
-    if not isinstance(manifest, dict) or "format_version" not in manifest:
-        raise PackageError(f"package {path}: {MANIFEST} is damaged")
-    if manifest["format_version"] != PACKAGE_FORMAT_VERSION:
-        raise PackageError(
-            f"package {path} has format version {manifest['format_version']}; this "
-            f"torch reads format {PACKAGE_FORMAT_VERSION}"
-        )
-    here = {**_environment(), "overlay_series_hash": overlay_series_hash()}
-    for field, value in here.items():
-        if manifest.get(field) != value:
-            raise PackageError(
-                f"package {path} was saved with {field}={manifest.get(field)!r}, "
-                f"this process has {field}={value!r}"
-            )
-    for device in str(manifest.get("device", "cpu")).split(","):
-        if device not in ("cpu", "meta") and not getattr(torch, device).is_available():
-            raise PackageError(
-                f"package {path} was compiled for device {device!r}, which this "
-                "process does not have"
-            )
-    if not isinstance(manifest.get("files"), dict) or _DYNAMO_FILE not in manifest["files"]:
-        raise PackageError(f"package {path}: {MANIFEST} lists no entries file")
-    return manifest
-
-
-def write_archive(fileobj, files: dict[str, bytes], manifest: dict) -> None:
-    """The package format in one file: an uncompressed zip of the same files."""
-    import zipfile
-
-    with zipfile.ZipFile(fileobj, "w", compression=zipfile.ZIP_STORED) as archive:
-        for name, data in sorted(files.items()):
-            archive.writestr(name, data)
-        archive.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
-
-
-def read_archive(fileobj, where: str) -> tuple[dict[str, bytes], dict]:
-    """Files and checked manifest of an archive written by :func:`write_archive`."""
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(fileobj) as archive:
-            names = set(archive.namelist())
-            if MANIFEST not in names:
-                raise PackageError(f"{where} is not a torch.compile package (no {MANIFEST})")
-            try:
-                manifest = json.loads(archive.read(MANIFEST))
-            except ValueError as e:
-                raise PackageError(f"package {where}: {MANIFEST} is damaged: {e}") from e
-            manifest = check_manifest(manifest, where)
-            files = {name: archive.read(name) for name in manifest["files"] if name in names}
-    except zipfile.BadZipFile as e:
-        raise PackageError(f"{where} is damaged or truncated: {e}") from e
-    return files, manifest
