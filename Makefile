@@ -16,15 +16,24 @@ PYTEST_ARGS ?=
 .PHONY: agree-overlay-wheel
 .PHONY: venv ext test test-overlay test-wheel wheel wheel-venv export export-check status edit refresh clean demo bench-guards bench-load
 
-# The C++ extension (torch_overlay/csrc/, see setup.py), built in place where the torch
-# module it provides is mirrored: torch_overlay/_functorch/ holds torch._functorch's.
+# The C++ extension (torch_overlay/csrc/ and the compat layer's glue, see setup.py),
+# built in place in the compat layer: torch_overlay/compat/_functorch/ holds the
+# torch._functorch module it provides.
 EXT_SUFFIX := $(shell $(if $(wildcard $(PY)),$(PY),$(PYTHON_BOOT)) -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))' 2>/dev/null)
-EXT_SRCS := $(shell find torch_overlay/csrc -name '*.cpp' -o -name '*.h')
-EXT_SO := torch_overlay/_functorch/_interpreter_serialization_C$(EXT_SUFFIX)
+EXT_SRCS := $(shell find torch_overlay/csrc torch_overlay/compat/csrc -name '*.cpp' -o -name '*.h')
+EXT_SO := torch_overlay/compat/_functorch/_interpreter_serialization_C$(EXT_SUFFIX)
+
+# nlohmann/json, the JSON library upstream's C++ uses (torch 2.7.1 does not ship its
+# header): Debian's header-only package, installed from the registry when missing.
+NLOHMANN_JSON_HEADER := /usr/include/nlohmann/json.hpp
+
+$(NLOHMANN_JSON_HEADER):
+	@echo "$@ is missing: installing Debian's nlohmann-json3-dev (nlohmann/json headers) for the C++ extension"
+	apt-get update && apt-get install -y nlohmann-json3-dev
 
 # `pip install -e` also builds the C++ extension in place (setup.py), with ninja,
 # which is installed first for that reason.
-$(STAMP): torch_overlay/_overlay/base_version.txt pyproject.toml setup.py torch_overlay.pth
+$(STAMP): torch_overlay/_overlay/base_version.txt pyproject.toml setup.py torch_overlay.pth | $(NLOHMANN_JSON_HEADER)
 	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
 	$(PY) -m pip install --upgrade "pip>=23" "setuptools>=68" wheel
 	$(PY) -m pip install "torch==$(BASE_TORCH)" ninja
@@ -47,7 +56,7 @@ $(ZOO_STAMP): $(STAMP)
 venv: $(STAMP) $(EXT_SO) $(ZOO_STAMP)
 
 # Rebuilds the extension after a change to its sources (never done at import).
-$(EXT_SO): $(EXT_SRCS) setup.py | $(STAMP)
+$(EXT_SO): $(EXT_SRCS) setup.py | $(STAMP) $(NLOHMANN_JSON_HEADER)
 	$(PY) setup.py -q build_ext --inplace
 
 ext: $(EXT_SO)

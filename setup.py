@@ -1,5 +1,5 @@
 """Build of torch_overlay: ships ``torch_overlay.pth`` at the root of site-packages
-and builds the C++ extension under ``torch_overlay/csrc/``.
+and builds the C++ extension (``torch_overlay/csrc/`` and ``torch_overlay/compat/csrc/``).
 
 The .pth file is what makes ``TORCH_OVERLAY=1`` work for every Python process of
 the environment. setuptools has no declarative way to place a file at the root of
@@ -8,10 +8,18 @@ installs (``make venv``) get it from ``python -m torch_overlay install-pth``,
 because setuptools' editable wheels carry only their own path hooks.
 
 The extension is built against the installed torch with torch.utils.cpp_extension
-(ninja when available; needs ``--no-build-isolation`` so that torch is visible).
-It lands where the torch module it provides is mirrored: ``torch_overlay/X/_n.so``
-is served as ``torch.X._n`` and copied to ``torch/X/`` in the patched wheel.
-Editable installs build it in place; ``make ext`` rebuilds it.
+(ninja when available; needs ``--no-build-isolation`` so that torch is visible), from
+the upstream C++ under ``torch_overlay/csrc/`` (each file at its upstream path) and
+the compat layer's glue under ``torch_overlay/compat/csrc/``. It lands in the compat
+layer, where the torch module it provides is laid out:
+``torch_overlay/compat/X/_n.so`` is served as ``torch.X._n`` and copied to
+``torch/X/`` in the patched wheel. Editable installs build it in place; ``make ext``
+rebuilds it.
+
+The C++ uses nlohmann/json, as upstream's tree does; torch 2.7.1 does not ship it,
+so it comes from the system's include path (``make venv`` / ``make ext`` install
+Debian's nlohmann-json3-dev when the header is missing), or from
+``NLOHMANN_JSON_INCLUDE_DIR``.
 """
 
 import os
@@ -39,15 +47,23 @@ class build_py_with_pth(build_py):
         return [*outputs, os.path.join(self.build_lib, PTH)]
 
 
+CSRC = "torch_overlay/csrc"
+# Upstream's include roots of the files under csrc/ (aten/src/ATen/... is included
+# as <ATen/...>), ahead of torch's installed headers.
+# Absolute: ninja compiles from the build directory.
+INCLUDE_ROOTS = [os.path.join(os.path.dirname(os.path.abspath(__file__)), CSRC, "aten", "src")]
+NLOHMANN_JSON_INCLUDE_DIR = os.environ.get("NLOHMANN_JSON_INCLUDE_DIR")
+
 ext_modules = [
-    # torch.X._n is built from torch_overlay/csrc/ as torch_overlay/X/_n.<abi>.so
+    # torch.X._n is built as torch_overlay/compat/X/_n.<abi>.so
     CppExtension(
-        "torch_overlay._functorch._interpreter_serialization_C",
+        "torch_overlay.compat._functorch._interpreter_serialization_C",
         [
-            "torch_overlay/csrc/functorch/InterpreterSerialization.cpp",
-            "torch_overlay/csrc/functorch/interpreter_serialization_bindings.cpp",
+            f"{CSRC}/aten/src/ATen/functorch/InterpreterSerialization.cpp",
+            "torch_overlay/compat/csrc/interpreter_serialization_bindings.cpp",
         ],
-        include_dirs=["."],
+        include_dirs=INCLUDE_ROOTS
+        + ([NLOHMANN_JSON_INCLUDE_DIR] if NLOHMANN_JSON_INCLUDE_DIR else []),
         extra_compile_args=["-O2", "-g0", "-fvisibility=hidden"],
     ),
 ]

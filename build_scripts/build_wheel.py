@@ -3,7 +3,8 @@
 The base wheel (``torch==<base>`` from ``base_version.txt``) is downloaded with pip,
 unpacked with ``python -m wheel unpack``, patched with the very function the overlay
 uses to materialise its cache (:func:`torch_overlay._overlay.materialize.apply_series`),
-given the mirrored new modules and any compiled extension of ``torch_overlay/``, stamped
+given the mirrored new modules and the compat layer of ``torch_overlay/`` (with its
+compiled extension), stamped
 ``<base>+overlay.<series hash[:12]>``, and repacked with the ``wheel`` package, which
 writes RECORD. The result lands in ``dist/``; a wheel already built for the current
 series hash is reused, unless ``--force`` is given or its added files no longer match
@@ -43,8 +44,6 @@ from torch_overlay._overlay.errors import OverlayError  # noqa: E402
 log = logging.getLogger(__name__)
 
 DIST_NAME = "torch"
-# Directories of torch_overlay/ whose shared objects are build products, not modules.
-_SKIP_SO_DIRS = frozenset({"__pycache__", "build"})
 
 
 @contextlib.contextmanager
@@ -126,21 +125,11 @@ def _copy_new_file(src: Path, root: Path, rel: str) -> None:
     log.info("added %s", rel)
 
 
-def compiled_extensions(package_dir: Path | None = None) -> list[Path]:
-    """Every ``*.so`` under ``torch_overlay/`` that is not a build intermediate."""
-    package_dir = package_dir or series.PACKAGE_DIR
-    found = []
-    for dirpath, dirs, files in os.walk(package_dir):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_SO_DIRS)
-        found += [Path(dirpath) / f for f in sorted(files) if f.endswith(".so")]
-    return found
-
-
 def new_files() -> dict[str, Path]:
-    """``torch/...`` path -> source, for every file the patch set adds to torch."""
-    files = {series.mirrored_relpath(p): p for p in series.mirrored_modules().values()}
-    files.update({series.mirrored_relpath(so): so for so in compiled_extensions()})
-    return files
+    """``torch/...`` path -> source, for every file the patch set adds to torch: the
+    mirrored new modules and the compat layer (see NOTE: [The compat layer]), with
+    the extensions built for this interpreter."""
+    return {series.mirrored_relpath(p): p for p in series.served_new_modules().values()}
 
 
 def add_new_files(root: Path) -> None:

@@ -9,9 +9,10 @@ sources at ``torch/`` (tag ``overlay-base``), on top of which come
    use ``a/torch/...`` ``b/torch/...`` paths);
 2. one commit adding the mirrored new modules (``torch_overlay/X/y.py`` becomes
    ``torch/X/y.py``), skipped when there are none;
-3. one commit with the ATen half of the C++ (interpreter serialization), and the
-   patch binding it in ``torch/csrc/functorch/init.cpp`` (see NOTE: [C++ in the
-   upstream export]);
+3. one commit adding the new C++ files of ``torch_overlay/csrc/`` at their paths
+   there (``torch_overlay/csrc/aten/src/...`` is ``aten/src/...``), followed by the
+   changes to existing C++ files (``torch_overlay/csrc/<path>.patch``; see NOTE:
+   [C++ in the upstream export]);
 4. one commit adding the project's upstream-style tests at their upstream paths
    (``test/dynamo/...``), without the overlay machinery's own tests.
 
@@ -24,12 +25,13 @@ copy of the pristine sources with ``git apply``, one patch at a time, and then
 naming the first patch that does not apply.
 
 # NOTE: [Upstream export base]
-# The base is the installed torch wheel's Python sources (and the C++ headers the
-# series changes, which the wheel ships verbatim), not a pytorch git tree (nothing
-# here can fetch one). A patch that applies to the wheel's copy of a file applies
-# to the checkout at the tag; new files (mirrored modules, tests, C++ sources) are
-# additions and need no base at all. The one exception is the init.cpp binding
-# patch, described in NOTE: [C++ in the upstream export].
+# The base is the installed torch wheel's Python sources, not a pytorch git tree
+# (nothing here can fetch one). A patch that applies to the wheel's copy of a file
+# applies to the checkout at the tag; new files (mirrored modules, tests, C++
+# sources) are additions and need no base at all. The exception is a change to a
+# C++ file the wheel does not ship (the init.cpp binding), described in NOTE: [C++
+# in the upstream export]. The compat layer (torch_overlay/compat/) is never part
+# of the export.
 """
 
 from __future__ import annotations
@@ -160,8 +162,9 @@ def _commit_files(
 
 def mirrored_module_files() -> dict[str, Path]:
     """``torch/X/y.py`` -> ``torch_overlay/X/y.py`` for every mirrored new module."""
-    # Compiled extensions are build outputs; their C++ is exported by
-    # export_csrc_commit() and binding_patch(), never the binary.
+    # Compiled extensions are build outputs; the C++ is exported from csrc/ (see
+    # NOTE: [C++ in the upstream export]), never the binary. The compat layer is
+    # not mirrored and never exported (NOTE: [The compat layer]).
     files = {
         series.mirrored_relpath(path): path
         for path in series.mirrored_modules().values()
@@ -193,94 +196,96 @@ def upstream_test_files(test_dir: Path | None = None) -> dict[str, Path]:
 
 
 # NOTE: [C++ in the upstream export]
-# The C++ of the series is built here as an extension (torch_overlay/csrc/):
-#   * functorch/InterpreterSerialization.cpp is plain ATen code; upstream it is
-#     aten/src/ATen/functorch/InterpreterSerialization.cpp, unchanged (ATen's build
-#     globs functorch/*.cpp), and the declarations of its InterpreterSerialization.h
-#     go into ATen/functorch/Interpreter.h. The wheel ships that header verbatim
-#     (torch/include/ATen/functorch/Interpreter.h), so the export base has it and
-#     this commit is generated and checked like the Python ones.
-#   * functorch/interpreter_serialization_bindings.cpp is extension glue: it adds
-#     the two methods to the CInterpreter class torch._C already bound. Upstream,
-#     the same .def chain (between its BEGIN/END markers) extends the CInterpreter
-#     binding in torch/csrc/functorch/init.cpp. The wheel ships no .cpp, so that
-#     one patch is written from its known context (the 2.7.1 binding of
-#     CInterpreter, whose methods --check compares with the installed torch's) and
-#     is the only patch --check cannot apply; the README says so.
-CSRC_SERIALIZATION = CSRC_DIR / "functorch" / "InterpreterSerialization.cpp"
-CSRC_SERIALIZATION_HEADER = CSRC_DIR / "functorch" / "InterpreterSerialization.h"
-CSRC_BINDINGS = CSRC_DIR / "functorch" / "interpreter_serialization_bindings.cpp"
-INTERPRETER_H = "aten/src/ATen/functorch/Interpreter.h"
-# upstream path -> path under the installed torch/ directory
-PRISTINE_HEADERS = {INTERPRETER_H: "include/ATen/functorch/Interpreter.h"}
-FUNCTORCH_INIT_CPP = "torch/csrc/functorch/init.cpp"
-# The CInterpreter binding of torch 2.7.1's torch/csrc/functorch/init.cpp: the
-# context of the binding patch, its last .def line replaced.
-_INIT_CPP_BEFORE = [
-    '      .value("Different", RandomnessType::Different);',
-    '  py::class_<Interpreter>(m, "CInterpreter")',
-    '      .def("key", &Interpreter::key)',
-]
-_INIT_CPP_REPLACED = '      .def("level", &Interpreter::level);'
-_INIT_CPP_AFTER = [
-    '  py::class_<GradInterpreterPtr>(m, "CGradInterpreterPtr")',
-    "      .def(py::init<const Interpreter*>())",
-    '      .def("key", &GradInterpreterPtr::key)',
-]
-# Where that block starts in 2.7.1's init.cpp, approximately: git apply finds a
-# hunk by its context wherever it is.
-_INIT_CPP_APPROXIMATE_LINE = 630
-_BINDINGS_BEGIN = "// BEGIN CInterpreter serialization bindings"
-_BINDINGS_END = "// END CInterpreter serialization bindings"
+# C++ follows the rule of the Python modules: a file under torch_overlay/csrc/ sits
+# at its upstream path and is exported there, and a change to an existing
+# upstream file is a patch, torch_overlay/csrc/<path>.patch (a git format-patch
+# of <path> against the base release, written with git from that file's text).
+# Nothing here names a destination.
+#   * New files (aten/src/ATen/functorch/InterpreterSerialization.{h,cpp}) are one
+#     generated commit, checked like the Python ones.
+#   * A patch of a file the export base has is git am'd after that commit. One of
+#     a file the base lacks (torch/csrc/functorch/init.cpp: the wheel ships no
+#     .cpp) follows that commit unchanged and is the one kind of patch --check
+#     cannot apply. What --check proves instead is that it adds upstream what the
+#     compat layer adds to torch 2.7.1 (check_unapplied_csrc_patch), so the
+#     exported binding is the one the tests ran against.
+CSRC_PATCH_SUFFIX = ".patch"
+COMPAT_CSRC_DIR = series.COMPAT_DIR / "csrc"
 
 
-def pristine_headers(torch_dir: Path) -> dict[str, Path]:
-    """The C++ files the series changes that the wheel ships verbatim."""
-    return {rel: torch_dir / installed for rel, installed in PRISTINE_HEADERS.items()}
+def csrc_new_files() -> dict[str, Path]:
+    """Upstream path -> file, for every new C++ file under torch_overlay/csrc/."""
+    if not CSRC_DIR.is_dir():
+        return {}
+    return {
+        str(path.relative_to(CSRC_DIR)): path
+        for path in sorted(CSRC_DIR.rglob("*"))
+        if path.is_file()
+        and path.suffix != CSRC_PATCH_SUFFIX
+        and "__pycache__" not in path.parts
+    }
 
 
-def _between(text: str, begin: str, end: str, what: str) -> list[str]:
-    lines = text.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.strip() == begin]
-    ends = [i for i, line in enumerate(lines) if line.strip() == end]
-    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
-        raise OverlayError(f"{what}: expected one {begin!r} ... {end!r} block")
-    return lines[starts[0] + 1 : ends[0]]
+def csrc_patches() -> dict[str, Path]:
+    """Upstream path -> the patch changing it, for every torch_overlay/csrc/<path>.patch."""
+    if not CSRC_DIR.is_dir():
+        return {}
+    patches = {}
+    for path in sorted(CSRC_DIR.rglob(f"*{CSRC_PATCH_SUFFIX}")):
+        rel = str(path.relative_to(CSRC_DIR))[: -len(CSRC_PATCH_SUFFIX)]
+        touched = re.findall(r"^diff --git a/(\S+) b/", path.read_text(), flags=re.M)
+        if touched != [rel]:
+            raise OverlayError(
+                f"{path}: a csrc patch changes exactly the file it is named after "
+                f"({rel}); it changes {touched}"
+            )
+        patches[rel] = path
+    return patches
 
 
-def interpreter_h_with_declarations(pristine: str) -> str:
-    """Interpreter.h with InterpreterSerialization.h's declarations added at its end."""
-    block = _between(
-        CSRC_SERIALIZATION_HEADER.read_text(),
-        "namespace at::functorch {",
-        "} // namespace at::functorch",
-        str(CSRC_SERIALIZATION_HEADER),
-    )
-    closing = "} // namespace at::functorch"
-    head, sep, tail = pristine.rpartition(closing)
-    if not sep:
-        raise OverlayError(f"{INTERPRETER_H} has no {closing!r} line")
-    return head + "\n".join(block).strip("\n") + "\n\n" + sep + tail
+def _hunk_lines(patch_text: str) -> tuple[list[str], list[str]]:
+    """(removed, added) lines of a one-file patch, without their +/- marks."""
+    body = patch_text[patch_text.index("\n@@ ") :].splitlines()
+    removed = [line[1:] for line in body if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:] for line in body if line.startswith("+") and not line.startswith("+++")]
+    return removed, added
 
 
-def binding_chain() -> list[str]:
-    """The .def chain of the extension glue, as it goes into init.cpp."""
-    chain = _between(CSRC_BINDINGS.read_text(), _BINDINGS_BEGIN, _BINDINGS_END, str(CSRC_BINDINGS))
-    if not chain or not chain[0].lstrip().startswith(".def"):
-        raise OverlayError(f"{CSRC_BINDINGS}: no .def chain between the markers")
-    return chain
+def _compat_csrc_lines() -> list[str]:
+    lines = []
+    for path in sorted(COMPAT_CSRC_DIR.rglob("*")):
+        if path.suffix in (".cpp", ".h"):
+            lines += [line.strip() for line in path.read_text().splitlines()]
+    return lines
+
+
+def check_unapplied_csrc_patch(patch: Path) -> None:
+    """What can be checked of a csrc patch whose file the base lacks: every line it
+    adds is, in the same order, a line of the compat layer's C++ (a removed line
+    that comes back to continue a statement, e.g. a .def chain losing its ';',
+    aside). The upstream change is then the one the backport builds and tests."""
+    removed, added = _hunk_lines(patch.read_text())
+    continued = {line.rstrip(";") for line in removed}
+    compat = iter(_compat_csrc_lines())
+    for line in added:
+        if line in continued:
+            continue
+        if line.strip() and line.strip() not in compat:
+            raise OverlayError(
+                f"{patch.name}: it adds {line.strip()!r}, which the compat layer's C++ "
+                f"({COMPAT_CSRC_DIR.relative_to(series.REPO_ROOT)}) does not add at that "
+                "point: the exported change would not be the one the backport tests"
+            )
 
 
 def export_csrc_commit(repo: Path, date: datetime.datetime, env: dict[str, str]) -> bool:
-    """Commit the ATen half of the C++ (see NOTE: [C++ in the upstream export])."""
-    if not CSRC_SERIALIZATION.exists():
+    """Commit the new C++ files (see NOTE: [C++ in the upstream export])."""
+    files = csrc_new_files()
+    if not files:
         return False
-    header = repo / INTERPRETER_H
-    header.write_text(interpreter_h_with_declarations(header.read_text()))
-    workflow.git(["add", "--", INTERPRETER_H], repo)
     _commit_files(
         repo,
-        {"aten/src/ATen/functorch/InterpreterSerialization.cpp": CSRC_SERIALIZATION},
+        files,
         _message(
             "[functorch] Serialize functorch interpreters (C++)",
             [
@@ -288,11 +293,12 @@ def export_csrc_commit(repo: Path, date: datetime.datetime, env: dict[str, str])
                 "state (transform type, level, whether it is alive, its saved local",
                 "dispatch key set, and the transform's own state: vmap batch size and",
                 "randomness, grad / jvp previous mode, functionalize add-back-views)",
-                "as JSON text and read it back. Guards on the functorch stack can then",
-                "be saved with a compiled frame and rebuilt in another process",
-                "(pytorch#152616). Bad text is a c10::ValueError naming the field.",
+                "as JSON text with nlohmann::json and read it back. Guards on the",
+                "functorch stack can then be saved with a compiled frame and rebuilt",
+                "in another process (pytorch#152616). Bad text is a c10::ValueError",
+                "naming the field.",
             ],
-            "torch_overlay, torch_overlay/csrc/functorch/InterpreterSerialization.{h,cpp}",
+            "torch_overlay, torch_overlay/csrc/ (" + ", ".join(files) + ")",
             date,
         ),
         env,
@@ -300,83 +306,9 @@ def export_csrc_commit(repo: Path, date: datetime.datetime, env: dict[str, str])
     return True
 
 
-def binding_patch(author: str, date: datetime.datetime) -> str:
-    """The init.cpp patch binding CInterpreter.serialize / deserialize (mbox text)."""
-    added = ['      .def("level", &Interpreter::level)', *binding_chain()]
-    added[-1] += ";"
-    old_len = len(_INIT_CPP_BEFORE) + 1 + len(_INIT_CPP_AFTER)
-    new_len = len(_INIT_CPP_BEFORE) + len(added) + len(_INIT_CPP_AFTER)
-    line = _INIT_CPP_APPROXIMATE_LINE
-    message = _message(
-        "[functorch] Bind CInterpreter.serialize and CInterpreter.deserialize",
-        [
-            "torch._C._functorch.CInterpreter gains serialize() -> str and the static",
-            "deserialize(str), over at::functorch::serializeInterpreter and",
-            "deserializeInterpreter. torch._functorch.pyfunctorch pickles its",
-            "interpreters through them.",
-            "",
-            "This hunk was written from the known CInterpreter binding of v2.7.1",
-            "(torch_overlay builds it as an extension on the wheel, which ships no",
-            "C++ sources); its line numbers are approximate and git am places it by",
-            "its context.",
-        ],
-        "torch_overlay, torch_overlay/csrc/functorch/interpreter_serialization_bindings.cpp",
-        date,
-    )
-    subject, body = message.split("\n", 1)
-    name, _, email = author.partition("\0")
-    return "".join(
-        f"{text}\n"
-        for text in [
-            "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001",
-            f"From: {name} <{email}>",
-            f"Date: {date:%a, %d %b %Y %H:%M:%S %z}",
-            f"Subject: [PATCH] {subject}",
-            body.rstrip("\n"),
-            "---",
-            f" {FUNCTORCH_INIT_CPP} | {len(added) + 1} {'+' * len(added)}-",
-            f" 1 file changed, {len(added)} insertions(+), 1 deletion(-)",
-            "",
-            f"diff --git a/{FUNCTORCH_INIT_CPP} b/{FUNCTORCH_INIT_CPP}",
-            f"--- a/{FUNCTORCH_INIT_CPP}",
-            f"+++ b/{FUNCTORCH_INIT_CPP}",
-            f"@@ -{line},{old_len} +{line},{new_len} @@ void initFuncTorchBindings(PyObject* module) {{",
-            *(f" {c}" for c in _INIT_CPP_BEFORE),
-            f"-{_INIT_CPP_REPLACED}",
-            *(f"+{a}" for a in added),
-            *(f" {c}" for c in _INIT_CPP_AFTER),
-        ]
-    )
-
-
-def check_binding_patch(patch: Path) -> None:
-    """What can be checked of the init.cpp patch without init.cpp: its context is
-    the CInterpreter binding of the installed torch (same methods), and the chain
-    it adds is the extension's."""
-    import torch
-
-    text = patch.read_text()
-    hunk = text[text.index("\n@@ ") :].splitlines()[2:]
-    old = [line[1:] for line in hunk if line[:1] in (" ", "-")]
-    new = [line[1:] for line in hunk if line[:1] in (" ", "+")]
-    bound = set(re.findall(r'\.def\("(\w+)"', "\n".join(old[len(_INIT_CPP_BEFORE) - 2 : -len(_INIT_CPP_AFTER)])))
-    installed = {
-        n for n in vars(torch._C._functorch.CInterpreter) if not n.startswith("_")
-    } - {"serialize", "deserialize"}
-    if bound != installed:
-        raise OverlayError(
-            f"{patch.name}: its context binds CInterpreter methods {sorted(bound)}, "
-            f"torch {torch.__version__} has {sorted(installed)}"
-        )
-    if old != [*_INIT_CPP_BEFORE, _INIT_CPP_REPLACED, *_INIT_CPP_AFTER]:
-        raise OverlayError(f"{patch.name}: its context is not 2.7.1's CInterpreter binding")
-    chain = binding_chain()
-    chain[-1] += ";"
-    if new[len(_INIT_CPP_BEFORE) + 1 : -len(_INIT_CPP_AFTER)] != chain:
-        raise OverlayError(
-            f"{patch.name}: the chain it adds is not the one of {CSRC_BINDINGS.name}; "
-            "export again"
-        )
+def _patch_file_name(subject: str) -> str:
+    """The name git format-patch gives a patch with this subject."""
+    return re.sub(r"[^A-Za-z0-9_.]+|\.{2,}", "-", subject).strip("-.")[:100] + ".patch"
 
 
 def touches_text(patch_text: str, rel: str) -> bool:
@@ -384,10 +316,11 @@ def touches_text(patch_text: str, rel: str) -> bool:
     return f"\ndiff --git a/{rel} b/{rel}\n" in patch_text
 
 
-def build_export_repo(repo: Path, date: datetime.datetime) -> list[str]:
-    """Build the scratch repository; return what each generated commit adds."""
+def build_export_repo(repo: Path, date: datetime.datetime) -> tuple[list[str], list[Path]]:
+    """Build the scratch repository; return what each generated commit adds, and
+    the csrc patches of files the base lacks (they follow the C++ commit unapplied)."""
     torch_dir, torch_version = _pristine_torch()
-    workflow.init_pristine_repo(repo, torch_dir, torch_version, pristine_headers(torch_dir))
+    workflow.init_pristine_repo(repo, torch_dir, torch_version)
     patches = series.read_series()
     if patches:
         _git_am(repo, [p.path.resolve() for p in patches])
@@ -415,8 +348,16 @@ def build_export_repo(repo: Path, date: datetime.datetime) -> list[str]:
         )
         added.append(_count(len(modules), "new module"))
 
+    unapplied = []
     if export_csrc_commit(repo, date, env):
-        added.append("the C++ of interpreter serialization (ATen, and its binding)")
+        added.append(_count(len(csrc_new_files()), "new C++ file"))
+    for rel, patch in csrc_patches().items():
+        if (repo / rel).exists():
+            _git_am(repo, [patch])
+        else:
+            unapplied.append(patch)
+    if csrc_patches():
+        added.append(_count(len(csrc_patches()), "C++ change") + " of existing files")
 
     tests = upstream_test_files()
     if tests:
@@ -440,7 +381,7 @@ def build_export_repo(repo: Path, date: datetime.datetime) -> list[str]:
         )
         added.append(_count(len(tests), "test file"))
 
-    return added
+    return added, unapplied
 
 
 def _readme(names: list[str], base: str, added: list[str], unchecked: list[str]) -> str:
@@ -470,8 +411,7 @@ def _readme(names: list[str], base: str, added: list[str], unchecked: list[str])
             "",
             "Not applied by --check (the wheel ships no C++ sources; see NOTE: [C++ in",
             "the upstream export] in build_scripts/export_upstream.py):",
-            *(f"    {name}: {FUNCTORCH_INIT_CPP}, its context and added lines compared"
-              " with the installed torch's CInterpreter and the extension's bindings"
+            *(f"    {name}: its added lines compared with the compat layer's C++"
               for name in unchecked),
         ]
     return "\n".join(lines) + "\n"
@@ -483,7 +423,7 @@ def export(out: Path) -> list[Path]:
     with tempfile.TemporaryDirectory(prefix="torch_overlay-export-") as scratch:
         repo = Path(scratch) / "pytorch"
         date = _export_date()
-        added = build_export_repo(repo, date)
+        added, unapplied = build_export_repo(repo, date)
         produced_dir = Path(scratch) / "patches"
         workflow.git(
             [
@@ -503,20 +443,16 @@ def export(out: Path) -> list[Path]:
             (p.name.split("-", 1)[1], p.read_text())
             for p in sorted(produced_dir.glob("*.patch"))
         ]
-        unchecked_at = None
-        if CSRC_SERIALIZATION.exists():
-            # The binding follows the ATen commit (see NOTE: [C++ in the upstream export]).
-            who = workflow.git(["log", "-1", "--format=%an%x00%ae", "HEAD"], repo).strip()
-            unchecked_at = 1 + next(
-                i for i, (_, text) in enumerate(produced) if touches_text(text, INTERPRETER_H)
-            )
-            produced.insert(
-                unchecked_at,
-                (
-                    "functorch-Bind-CInterpreter.serialize-and-CInterpreter.deserialize.patch",
-                    binding_patch(who, date),
-                ),
-            )
+        # See NOTE: [C++ in the upstream export]: right after the new C++ files.
+        new_cpp = list(csrc_new_files())
+        unchecked_at = [
+            1 + max(i for i, (_, text) in enumerate(produced) if any(touches_text(text, rel) for rel in new_cpp))
+            + offset
+            for offset in range(len(unapplied))
+        ]
+        for at, patch in zip(unchecked_at, unapplied):
+            text = patch.read_text()
+            produced.insert(at, (_patch_file_name(series.read_subject_text(text)), text))
         out.mkdir(parents=True, exist_ok=True)
         for stale in [*out.glob("*.patch"), out / "series", out / "README.txt"]:
             stale.unlink(missing_ok=True)
@@ -533,7 +469,7 @@ def export(out: Path) -> list[Path]:
             name = f"{number:04d}-{base_name}"
             (out / name).write_text(text)
             names.append(name)
-    unchecked = [names[unchecked_at]] if unchecked_at is not None else []
+    unchecked = [names[at] for at in unchecked_at]
     base = series.base_version()
     (out / "series").write_text(
         f"# git am series for pytorch v{base}, generated by export_upstream.py\n"
@@ -556,16 +492,18 @@ def check(export_dir: Path) -> None:
         # so git apply never mistakes an enclosing repository for this tree.
         tree = Path(scratch) / "pristine"
         workflow.copy_pristine_sources(torch_dir, tree)
-        workflow.copy_extra_files(pristine_headers(torch_dir), tree)
-        # See NOTE: [C++ in the upstream export]: init.cpp is not in the wheel.
-        unchecked = [p for p in patches if touches_text(p.path.read_text(), FUNCTORCH_INIT_CPP)]
+        # See NOTE: [C++ in the upstream export]: a csrc patch of a file the base
+        # lacks (the wheel ships no .cpp) is checked against the compat layer.
+        missing = [rel for rel in csrc_patches() if not (tree / rel).exists()]
+        unchecked = [
+            p for p in patches if any(touches_text(p.path.read_text(), rel) for rel in missing)
+        ]
         for patch in unchecked:
-            check_binding_patch(patch.path)
+            check_unapplied_csrc_patch(patch.path)
             log.info(
-                "export_upstream: %s: not applied (no %s here); its context is the "
-                "installed torch's CInterpreter binding: ok",
+                "export_upstream: %s: not applied (the base has no file it changes); "
+                "it adds what the compat layer adds: ok",
                 patch.name,
-                FUNCTORCH_INIT_CPP,
             )
         patches = [p for p in patches if p not in unchecked]
         for patch in patches:
@@ -580,7 +518,7 @@ def check(export_dir: Path) -> None:
             log.info("export_upstream: git apply %s: ok", patch.name)
 
         repo = Path(scratch) / "pytorch"
-        workflow.init_pristine_repo(repo, torch_dir, torch_version, pristine_headers(torch_dir))
+        workflow.init_pristine_repo(repo, torch_dir, torch_version)
         try:
             _git_am(repo, [p.path for p in patches])
         except OverlayError as e:

@@ -62,13 +62,11 @@ class TestPatchedWheel(TestCase):
             if not info.filename.endswith("/")
         }
         cls.dist_info = f"torch-{VERSION}.dist-info"
+        # The mirrored new modules and the compat layer, extensions included.
         cls.new_files = {
             series.mirrored_relpath(path): path
-            for path in series.mirrored_modules().values()
+            for path in series.served_new_modules().values()
         }
-        for so in series.PACKAGE_DIR.rglob("*.so"):
-            if not {"__pycache__", "build"} & set(so.relative_to(series.PACKAGE_DIR).parts):
-                cls.new_files[series.mirrored_relpath(so)] = so
 
     @classmethod
     def tearDownClass(cls):

@@ -88,35 +88,50 @@ class TestUpstreamExport(TestCase):
         self.assertFalse([f for f in files if f.startswith("test/overlay/")])
         self.assertNotIn("test/conftest.py", files)
 
-    def test_cpp_is_exported_as_the_upstream_change(self):
-        # The extension's ATen source goes upstream unchanged, its declarations
-        # into Interpreter.h, and its .def chain into torch/csrc/functorch/init.cpp,
-        # right after the ATen commit and before the tests that need them.
-        csrc = REPO_ROOT / "torch_overlay" / "csrc" / "functorch"
+    def test_cpp_is_exported_at_its_upstream_paths(self):
+        # A file under torch_overlay/csrc/ goes upstream unchanged at its path
+        # there; a csrc/<path>.patch is the change to that existing file, exported
+        # as it is, right after the new files and before the tests that need them.
+        csrc = REPO_ROOT / "torch_overlay" / "csrc"
+        new_files = {
+            str(p.relative_to(csrc)): p
+            for p in csrc.rglob("*")
+            if p.is_file() and p.suffix != ".patch"
+        }
+        self.assertIn("aten/src/ATen/functorch/InterpreterSerialization.cpp", new_files)
         names = [p.name for p in self.exported]
-        aten = [p for p in self.exported if "aten/src/ATen/functorch/InterpreterSerialization.cpp" in created_files(p)]
-        self.assertEqual(len(aten), 1, names)
-        text = aten[0].read_text()
-        added_file = text[text.index("+++ b/aten/src/ATen/functorch/InterpreterSerialization.cpp") :]
-        added_lines = [line[1:] for line in added_file.splitlines()[2:] if line.startswith("+")]
-        self.assertEqual(added_lines, (csrc / "InterpreterSerialization.cpp").read_text().splitlines())
-        self.assertIn("+TORCH_API std::string serializeInterpreter(const Interpreter& interpreter);", text)
-        self.assertIn("diff --git a/aten/src/ATen/functorch/Interpreter.h", text)
+        (cpp_commit,) = [p for p in self.exported if set(new_files) & set(created_files(p))]
+        self.assertEqual(set(created_files(cpp_commit)), set(new_files), names)
+        text = cpp_commit.read_text()
+        for rel, path in new_files.items():
+            added = text[text.index(f"+++ b/{rel}") :].split("\ndiff --git", 1)[0]
+            added_lines = [line[1:] for line in added.splitlines()[2:] if line.startswith("+")]
+            self.assertEqual(added_lines, path.read_text().splitlines(), rel)
 
-        binding = self.exported[self.exported.index(aten[0]) + 1]
-        body = diff_body(binding)
-        self.assertIn("diff --git a/torch/csrc/functorch/init.cpp", body)
-        self.assertIn('-      .def("level", &Interpreter::level);\n+      .def("level", &Interpreter::level)\n', body)
-        bindings = (csrc / "interpreter_serialization_bindings.cpp").read_text()
-        chain = bindings[bindings.index("BEGIN CInterpreter") : bindings.index("// END CInterpreter")]
-        for line in chain.splitlines()[1:]:
-            if line.strip():
-                self.assertIn("+" + line, body)
+        binding = self.exported[self.exported.index(cpp_commit) + 1]
+        stored = csrc / "torch" / "csrc" / "functorch" / "init.cpp.patch"
+        self.assertEqual(diff_body(binding), diff_body(stored))
+        self.assertIn('-      .def("level", &Interpreter::level);\n+      .def("level", &Interpreter::level)\n', diff_body(binding))
         tests_at = next(i for i, p in enumerate(self.exported) if any(f.startswith("test/") for f in created_files(p)))
         self.assertLess(self.exported.index(binding), tests_at)
         self.assertIn(binding.name, (self.out / "README.txt").read_text())
 
-    def test_binding_patch_with_another_context_is_refused(self):
+    def test_compat_layer_is_never_exported(self):
+        for patch in self.exported:
+            text = patch.read_text()
+            self.assertNotIn("_interpreter_serialization_C", text, patch.name)
+            self.assertNotIn("b/torch/compat/", text, patch.name)
+            self.assertNotIn("interpreter_serialization_bindings", text, patch.name)
+
+    def test_exported_functorch_tests_use_only_the_api(self):
+        (tests_commit,) = [
+            p for p in self.exported if "test/functorch/test_interpreter_serialization.py" in created_files(p)
+        ]
+        text = tests_commit.read_text()
+        self.assertNotIn("_interpreter_serialization", text.replace("test_interpreter_serialization", ""))
+        self.assertNotIn("ExtensionNotBuiltError", text)
+
+    def test_binding_patch_adding_what_the_compat_layer_does_not_is_refused(self):
         broken = self.tmp / "broken-binding"
         shutil.copytree(self.out, broken)
         (victim,) = [
@@ -126,13 +141,16 @@ class TestUpstreamExport(TestCase):
         ]
         victim.write_text(
             victim.read_text().replace(
-                '       .def("key", &Interpreter::key)\n',
-                '       .def("key", &Interpreter::key)\n       .def("name", &Interpreter::name)\n',
+                '+      .def_static(\n',
+                '+      .def("name", &Interpreter::name)\n+      .def_static(\n',
             )
         )
         proc = run_exporter("--check", "--export-dir", str(broken))
         self.assertNotEqual(proc.returncode, 0)
-        self.assertIn(f"{victim.name}: its context binds CInterpreter methods", proc.stderr)
+        self.assertIn(
+            f"{victim.name}: it adds '.def(\"name\", &Interpreter::name)', which the compat layer's C++",
+            proc.stderr,
+        )
 
     def test_broken_patch_is_named(self):
         broken = self.tmp / "broken"

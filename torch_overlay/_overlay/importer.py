@@ -38,7 +38,7 @@ from .errors import (
     TorchNotFoundError,
     UnsupportedTorchVersionError,
 )
-from .series import base_version, mirrored_modules, read_series, series_hash
+from .series import base_version, read_series, served_new_modules, series_hash
 
 
 log = logging.getLogger(__name__)
@@ -294,7 +294,7 @@ def activate() -> OverlayFinder:
         tree = _materialize.materialize(
             torch_root, torch_version, series_hash(), patches=patches
         )
-        finder = OverlayFinder(torch_root, tree, mirrored_modules())
+        finder = OverlayFinder(torch_root, tree, served_new_modules())
         too_late = [
             name
             for name in finder.served

@@ -25,8 +25,18 @@ log = logging.getLogger(__name__)
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = PACKAGE_DIR.parent
 
-# Directories of torch_overlay/ that hold machinery, not mirrored torch modules.
-MACHINERY_DIRS = frozenset({"_overlay", "csrc", "__pycache__"})
+# NOTE: [The compat layer]
+# torch_overlay/compat/ holds what only the backport needs: code that makes torch
+# 2.7.1 offer an API upstream has in torch itself (today: the extension that adds
+# CInterpreter.serialize / deserialize to the class torch._C bound, and the module
+# that loads it). It is laid out like torch_overlay/ (compat/X/y.py is served as
+# torch.X.y, so the patches that import it need no other name), served by the
+# overlay and shipped in the patched wheel with the mirrored modules, and never
+# exported upstream: there, torch._C binds the methods itself.
+COMPAT_DIR = PACKAGE_DIR / "compat"
+# Directories of torch_overlay/ (and of compat/) that hold machinery or C++, not
+# mirrored torch modules.
+MACHINERY_DIRS = frozenset({"_overlay", "compat", "csrc", "__pycache__"})
 MACHINERY_FILES = frozenset({"__init__.py", "__main__.py"})
 # Only extensions built for this interpreter are mirrored modules.
 EXTENSION_SUFFIXES = tuple(importlib.machinery.EXTENSION_SUFFIXES)
@@ -128,9 +138,32 @@ def mirrored_modules(package_dir: Path | None = None) -> dict[str, Path]:
     return result
 
 
+def compat_modules() -> dict[str, Path]:
+    """Map ``torch.X.y`` -> ``torch_overlay/compat/X/y.py`` (or its built extension)
+    for every backport-only module (see NOTE: [The compat layer])."""
+    if not COMPAT_DIR.is_dir():
+        return {}
+    return mirrored_modules(COMPAT_DIR)
+
+
+def served_new_modules() -> dict[str, Path]:
+    """What the overlay serves and the wheel ships besides the patched files: the
+    mirrored new modules and the compat layer's modules."""
+    mirrored, compat = mirrored_modules(), compat_modules()
+    both = sorted(set(mirrored) & set(compat))
+    if both:
+        raise OverlayError(
+            f"{', '.join(both)}: both a mirrored module and a compat module; "
+            "a torch module lives in one place"
+        )
+    return {**mirrored, **compat}
+
+
 def mirrored_relpath(module_file: Path, package_dir: Path | None = None) -> str:
-    """``torch_overlay/X/y.py`` -> ``torch/X/y.py`` (the upstream path)."""
-    package_dir = package_dir or PACKAGE_DIR
+    """``torch_overlay/X/y.py`` (or ``torch_overlay/compat/X/y.py``) -> ``torch/X/y.py``,
+    the path the module has in torch."""
+    if package_dir is None:
+        package_dir = COMPAT_DIR if module_file.is_relative_to(COMPAT_DIR) else PACKAGE_DIR
     return str(Path("torch") / module_file.relative_to(package_dir))
 
 
@@ -145,7 +178,7 @@ def _hash_files(paths: tuple[tuple[str, str], ...], base: str) -> str:
 
 def series_hash(directory: Path | None = None) -> str:
     """Identity of the patch set: the base release, ``series``, every patch, the
-    mirrored new modules and the C++ extension's sources.
+    mirrored new modules, the compat layer and the C++ sources.
 
     Keys the materialised cache, names the patched wheel and stamps compile
     packages: anything that changes what torch runs changes it.
@@ -156,12 +189,12 @@ def series_hash(directory: Path | None = None) -> str:
     if series_file.exists():
         entries.append(("series", str(series_file)))
     entries += [(p.name, str(p.path)) for p in read_series(directory)]
-    for name, path in sorted(mirrored_modules().items()):
+    for name, path in sorted(served_new_modules().items()):
         if path.suffix == ".py":
             entries.append((name, str(path)))
-    csrc = PACKAGE_DIR / "csrc"
-    if csrc.is_dir():
-        for path in sorted(csrc.rglob("*")):
-            if path.is_file() and path.suffix in (".cpp", ".h"):
-                entries.append((str(path.relative_to(PACKAGE_DIR)), str(path)))
+    for csrc in (PACKAGE_DIR / "csrc", COMPAT_DIR / "csrc"):
+        if csrc.is_dir():
+            for path in sorted(csrc.rglob("*")):
+                if path.is_file() and path.suffix in (".cpp", ".h", ".patch"):
+                    entries.append((str(path.relative_to(PACKAGE_DIR)), str(path)))
     return _hash_files(tuple(entries), base_version())

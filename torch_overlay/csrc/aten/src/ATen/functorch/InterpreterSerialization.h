@@ -1,7 +1,3 @@
-// Declarations of the functorch interpreter serialization
-// (InterpreterSerialization.cpp). The upstream export inserts the block between
-// the namespace lines into ATen/functorch/Interpreter.h, before its closing
-// namespace, and adds InterpreterSerialization.cpp under aten/src/ATen/functorch/.
 #pragma once
 
 #include <ATen/functorch/Interpreter.h>
@@ -15,6 +11,8 @@ namespace at::functorch {
 // saved local dispatch key set, the transform's state) and back; see NOTE:
 // [Interpreter serialization format] in InterpreterSerialization.cpp. Bound as
 // torch._C._functorch.CInterpreter.serialize / CInterpreter.deserialize.
+// Text that does not describe an interpreter is a c10::ValueError naming what
+// is wrong with it.
 TORCH_API std::string serializeInterpreter(const Interpreter& interpreter);
 TORCH_API Interpreter deserializeInterpreter(const std::string& serialized);
 

@@ -1,5 +1,8 @@
 """Loads the C++ half of functorch interpreter serialization (pytorch#152616).
 
+Backport only (the compat layer, never exported): upstream, torch._C binds these
+methods itself.
+
 Importing this module gives ``torch._C._functorch.CInterpreter`` the methods
 ``serialize() -> str`` and ``deserialize(str) -> CInterpreter`` (a staticmethod),
 which torch 2.7.1's own bindings lack. They live in the compiled extension
@@ -11,7 +14,8 @@ Importing it raises ``torch_overlay.ExtensionNotBuiltError`` (an ImportError)
 when the extension is missing or was built for another torch.
 
 # NOTE: [Building the interpreter serialization extension]
-# The extension is built once, from torch_overlay/csrc/functorch/, by
+# The extension is built once, from torch_overlay/csrc/ (the upstream C++) and
+# torch_overlay/compat/csrc/ (the glue), by
 # ``make ext`` (and by ``make venv``, which runs ``pip install -e .``); the
 # patched wheel carries the built file. It is never built on import: a build
 # needs a C++ compiler and ninja, and an import that silently compiles for tens of
@@ -37,8 +41,7 @@ def _not_built_error(cause: ImportError) -> ImportError:
     message = (
         "functorch interpreter serialization (CInterpreter.serialize / "
         f"deserialize) is unavailable: {detail}. It is built from "
-        "torch_overlay/csrc/functorch/ (InterpreterSerialization.cpp and its bindings) "
-        "by `make ext` "
+        "torch_overlay/csrc/ and torch_overlay/compat/csrc/ by `make ext` "
         "(or `make venv`) in the torch_overlay checkout."
     )
     try:
