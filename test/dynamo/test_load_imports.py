@@ -29,6 +29,13 @@ import torch._dynamo.test_case
 # files, which need none of these (patches
 # inductor-torch.compile-s-Inductor-wrapper-reads-its-config-without-importing-compile_fx
 # and inductor-Generated-wrapper-code-imports-extern_kernels-and-align-from-runtime-modules).
+# Also what the compile side of Dynamo and AOTAutograd imported for one
+# feature each: networkx for one partitioner solver, FSDP2 (and with it
+# torch.distributed.tensor's sharding rules) to recognise one method while
+# tracing (patches functorch-The-partitioner-imports-networkx-only-for-the-dynamic_memory_budget_dp-solver
+# and dynamo-The-variable-trackers-look-FSDP2-up-instead-of-importing-it).
+# Dynamo's tracer itself (symbolic_convert, the variable trackers) and sympy
+# are still imported by `import torch._dynamo`: they are not in this list.
 COMPILE_ONLY_MODULES = [
     "torch._inductor.compile_fx",
     "torch._inductor.lowering",
@@ -46,6 +53,10 @@ COMPILE_ONLY_MODULES = [
     "torch._inductor.codegen.cpp",
     "torch._inductor.codegen.cpp_wrapper_cpu",
     "torch.utils.hipify.hipify_python",
+    "networkx",
+    "torch._functorch._activation_checkpointing.graph_info_provider",
+    "torch.distributed.fsdp",
+    "torch.distributed.fsdp._fully_shard",
 ]
 
 MODEL = """
