@@ -37,6 +37,7 @@ def _status(args) -> int:
         {"name": p.name, "subject": p.subject} for p in series.read_series()
     ]
     info["mirrored_modules"] = sorted(series.mirrored_modules())
+    info["compat_modules"] = sorted(series.compat_modules())
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -50,6 +51,9 @@ def _status(args) -> int:
         print(f"  {p['name']}\n      {p['subject']}")
     print(f"mirrored new modules ({len(info['mirrored_modules'])}):")
     for name in info["mirrored_modules"]:
+        print(f"  {name}")
+    print(f"compat layer, backport only ({len(info['compat_modules'])}):")
+    for name in info["compat_modules"]:
         print(f"  {name}")
     return 0
 
