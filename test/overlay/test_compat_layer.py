@@ -64,15 +64,20 @@ class TestCompatLayer(TestCase):
             import torch, pickle
             from torch._functorch import pyfunctorch
             try:
+                from torch_overlay import ExtensionNotBuiltError as expected
+            except ImportError:  # a patched wheel without torch_overlay
+                expected = ImportError
+            try:
                 with torch._functorch.vmap.vmap_increment_nesting(2, "error"):
                     pickle.dumps(pyfunctorch.retrieve_current_functorch_interpreter())
             except ImportError as e:
-                try:
-                    from torch_overlay import ExtensionNotBuiltError as expected
-                except ImportError:  # a patched wheel without torch_overlay
-                    expected = ImportError
                 print(type(e) is expected)
                 print(e)
+            # Called directly, as upstream code does, the methods say the same.
+            try:
+                torch._C._functorch.CInterpreter.deserialize("{{}}")
+            except ImportError as e:
+                print(type(e) is expected)
             """
         )
         safe_path = ["-P"] if sys.flags.safe_path else []
@@ -80,8 +85,8 @@ class TestCompatLayer(TestCase):
             [sys.executable, *safe_path, "-c", script], capture_output=True, text=True
         )
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        expected_type, _, message = proc.stdout.partition("\n")
-        self.assertEqual(expected_type, "True", proc.stdout)
+        expected_type, message, direct_call_type = proc.stdout.splitlines()
+        self.assertEqual((expected_type, direct_call_type), ("True", "True"), proc.stdout)
         self.assertIn(f"{EXTENSION} is not built", message)
         self.assertIn("`make ext`", message)
 

@@ -11,7 +11,8 @@ when it is imported; this module imports it and, where it is missing, says how t
 build it instead of failing with a bare ModuleNotFoundError.
 
 Importing it raises ``torch_overlay.ExtensionNotBuiltError`` (an ImportError)
-when the extension is missing or was built for another torch.
+when the extension is missing or was built for another torch, and leaves
+``serialize`` / ``deserialize`` in place that raise the same error when called.
 
 # NOTE: [Building the interpreter serialization extension]
 # The extension is built once, from torch_overlay/csrc/ (the upstream C++) and
@@ -53,7 +54,21 @@ def _not_built_error(cause: ImportError) -> ImportError:
     return ExtensionNotBuiltError(message)
 
 
+def _attach_unavailable_methods(cause: ImportError) -> None:
+    """CInterpreter.serialize / deserialize that raise the not-built error: code
+    written for upstream calls them without importing anything first, and learns
+    how to build the extension instead of meeting an AttributeError."""
+    from torch._C._functorch import CInterpreter
+
+    def unavailable(*args, **kwargs):
+        raise _not_built_error(cause) from cause
+
+    CInterpreter.serialize = unavailable
+    CInterpreter.deserialize = staticmethod(unavailable)
+
+
 try:
     importlib.import_module(EXTENSION)
 except ImportError as e:
+    _attach_unavailable_methods(e)
     raise _not_built_error(e) from e
