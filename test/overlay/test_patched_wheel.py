@@ -16,7 +16,6 @@ import io
 import re
 import unittest
 import zipfile
-from pathlib import Path
 
 from torch.testing._internal.common_utils import run_tests, TestCase
 

@@ -2,7 +2,6 @@
 """The upstream export: build_scripts/export_upstream.py writes a git am series that applies."""
 
 import importlib.util
-import os
 import re
 import shutil
 import subprocess
