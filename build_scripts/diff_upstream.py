@@ -76,7 +76,6 @@ PROBE_RUNNER = HERE / "guard_probe_runner.py"
 PRECOMPILE_PROBES = HERE / "precompile_probes.py"
 PRECOMPILE_EXPECTED_DIFFERENCES = HERE / "precompile_probe_expected_differences.json"
 
-OUTCOMES = ("pass", "fail", "error", "skip")
 ABSENT = "—"
 # Environments are scheduled in this order (--jobs at a time): the long suites first.
 SLOWEST_FIRST = ("overlay", "wheel", "upstream-2.13", "stock-2.7.1")

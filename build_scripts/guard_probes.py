@@ -363,7 +363,6 @@ def shadowed_forward(module):
 
 
 K = 3
-FACTOR = 0.5
 OPT = None
 W = torch.ones(3)
 CFG = {"scale": 2, "mode": "add"}

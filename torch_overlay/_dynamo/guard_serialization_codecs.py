@@ -1,0 +1,1487 @@
+"""Stand-in codecs of guard serialization: one per kind of recorded value.
+
+A guards state (see :mod:`torch._dynamo.guard_serialization` and its NOTE:
+[Guard serialization by recorded values]) holds every value the GuardBuilder
+read as a stand-in: a small picklable object that loads as something the
+builder gets the same answers from. This module holds each kind's stand-in
+type and its codec, the save side (value -> stand-in) next to the load side
+(stand-in -> object), and the two drivers that dispatch to them:
+:class:`_StandInConverter` at save and :class:`_Hydrator` at load (see NOTE:
+[Stand-in codecs]).
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import dataclasses
+import enum
+import functools
+import logging
+import types
+import weakref
+from typing import Any, cast, Optional
+
+import torch
+from torch._dynamo.exc import PackageError  # type: ignore[attr-defined]
+from torch._dynamo.guard_serialization import (
+    _is_constant,
+    _is_local_class,
+    _NamedRef,
+    _parent_source_name,
+    _Placeholder,
+    find_stable_name,
+    guard_type_names,
+    GuardSerializationRecorder,
+    local_class_refusal,
+    refusal_message,
+    resolve_name,
+    UnresolvedName,
+)
+
+
+log = logging.getLogger(__name__)
+
+
+_DECLINED = object()
+
+
+class _StandInConverter:
+    """Converts recorded values into stand-ins (see NOTE: [Guard serialization
+    by recorded values]): the codec of each value's kind makes its stand-in
+    (see NOTE: [Stand-in codecs]); this class holds what they share (the memo,
+    the recorder, refusals)."""
+
+    def __init__(self, recorder: GuardSerializationRecorder, guards=()) -> None:
+        self.recorder = recorder
+        self.memo: dict[int, Any] = {}
+        self.recorded_ids = {id(v) for v in recorder.values.values()}
+        # source name -> the guard types built on it, to name them in refusals
+        self.guard_types_by_name: dict[str, list[str]] = {}
+        for guard in guards:
+            types_here = self.guard_types_by_name.setdefault(guard.name, [])
+            types_here.extend(n for n in guard_type_names(guard) if n not in types_here)
+
+    def guard_type_at(self, path: str, prefer=()) -> str:
+        """The guard type to name in a refusal for a value at ``path``: one built
+        on ``path`` (``prefer``-red types first), else on the closest source that
+        ``path`` is reached from."""
+        name: Optional[str] = path
+        while name is not None:
+            types_here = self.guard_types_by_name.get(name)
+            if types_here:
+                return next((t for t in prefer if t in types_here), types_here[0])
+            name = _parent_source_name(name)
+        return prefer[0] if prefer else "TYPE_MATCH"
+
+    def refusal(self, path: str, detail: str, prefer=()) -> PackageError:
+        return PackageError(refusal_message(self.guard_type_at(path, prefer), path, detail))
+
+    def convert(self, obj, path: str, guarded: bool):
+        """``guarded``: the builder read this value, so it must be faithful."""
+        if _is_constant(obj):
+            return obj
+        key = id(obj)
+        # An identity guard decides before the memo: the object may have been
+        # converted already as a value (a local class as the class of an
+        # instance), which would not be found again by identity.
+        if key in self.recorder.identity and not isinstance(self.memo.get(key), _NamedRef):
+            ref = self._identity_name(obj)
+            self.memo[key] = ref
+            return ref
+        if key in self.memo:
+            return self.memo[key]
+        guarded = guarded or key in self.recorded_ids
+        path = self.recorder.sources.get(key, path)
+        for codec in _SAVE_CODECS:
+            if codec.accepts(obj, guarded):
+                stand_in = codec.save(self, obj, path, guarded)
+                if stand_in is not _DECLINED:
+                    return stand_in
+        # Unguarded values became placeholders (_PlaceholderCodec).
+        raise self.refusal(
+            path,
+            f"the guarded value (a {type(obj).__qualname__}) cannot be "
+            "serialized; guard on something else or keep it out of the compiled region",
+        )
+
+    def _identity_name(self, obj) -> _NamedRef:
+        """The name an identity guard (ID_MATCH, FUNCTION_MATCH...) on ``obj`` is
+        saved as, or its refusal."""
+        guard_type, source_name, source = self.recorder.identity[id(obj)]
+        ref = find_stable_name(obj, source, self.recorder.global_module, self.recorder.values)
+        if ref is not None:
+            return ref
+        if _is_local_class(obj):
+            raise local_class_refusal(guard_type, source_name, obj)
+        raise PackageError(
+            refusal_message(
+                guard_type,
+                source_name,
+                f"it guards on the identity of a {type(obj).__qualname__} that has "
+                "no stable name in another process; define it at module scope (a "
+                "class or function defined inside a function cannot be found "
+                "again) or pass it as an input",
+            )
+        )
+
+    def named(self, obj):
+        """``obj`` (a module, class, function...) by its stable name, or None."""
+        entry = self.recorder.identity.get(id(obj))
+        source = entry[2] if entry else None
+        return find_stable_name(
+            obj, source, self.recorder.global_module, self.recorder.values
+        )
+
+    def class_ref(self, cls, path: str):
+        """A class by name, or the stand-in of a class defined in local scope."""
+        ref = find_stable_name(cls)
+        if ref is None and _is_local_class(cls):
+            return _LocalClassCodec.save(self, cls, path, True)
+        return ref
+
+    def unnamed(self, obj, path: str, guarded: bool):
+        """The stand-in of a class, function or enum member with no stable name."""
+        if _is_local_class(obj):
+            # Read as a value (HASATTR on a class...), never compared by identity:
+            # identity guards were refused in convert().
+            return _LocalClassCodec.save(self, obj, path, guarded)
+        if isinstance(obj, types.FunctionType):
+            return _FunctionCodec.save(self, obj, path, guarded)
+        if isinstance(obj, types.CodeType) or (
+            # A method bound to an instance (L['x'].dim of a tensor): read as the
+            # example value of an attribute accessor (HASATTR), never compared.
+            isinstance(obj, types.BuiltinMethodType)
+            and not isinstance(getattr(obj, "__self__", None), types.ModuleType)
+        ):
+            # Read only as the base of other guarded values (whose own values are
+            # recorded); an identity guard on it is refused where it is required.
+            return _Placeholder(type(obj).__qualname__)
+        if guarded:
+            raise self.refusal(
+                path,
+                f"the guarded value ({obj!r:.80}) has no stable name in another "
+                "process; define it at module scope",
+            )
+        return _Placeholder(type(obj).__qualname__)
+
+    def key(self, k, path: str):
+        """The stand-in of a dict key or set item: hashable, or refused."""
+        if _is_constant(k):
+            return k
+        if _FrozenObjectCodec.accepts_key(k):
+            stand_in = _FrozenObjectCodec.save(self, k, path, True)
+            if stand_in is not _DECLINED:
+                return stand_in
+        if _is_local_class(k):
+            # Class keys are guarded by identity (ID_MATCH on the key).
+            raise local_class_refusal("ID_MATCH", f"a key of {path}", k)
+        converted = self.convert(k, path, True)
+        if isinstance(converted, _KEY_STAND_IN_TYPES):
+            return converted
+        raise self.refusal(path, f"its dict key {k!r:.80} cannot be serialized")
+
+    def child(self, value, path: str, parent_guarded: bool):
+        """A value held by a container or object: faithful only where needed."""
+        if _is_constant(value):
+            return value
+        if id(value) in self.recorded_ids or id(value) in self.recorder.identity:
+            return self.convert(value, path, True)
+        if type(value) in (dict, collections.OrderedDict, list, tuple, collections.defaultdict):
+            return self.convert(value, path, False)
+        if parent_guarded and (
+            type(value) in (set, frozenset, slice, range, torch.Size)
+            or isinstance(value, (torch.dtype, torch.device, enum.Enum))
+        ):
+            return self.convert(value, path, True)
+        if id(value) in self.memo:
+            return self.memo[id(value)]
+        return _Placeholder(type(value).__qualname__)
+
+
+class _Hydrator:
+    """Turns stand-ins back into objects the GuardBuilder can read: each
+    through the load side of its codec (see NOTE: [Stand-in codecs])."""
+
+    def __init__(self) -> None:
+        self.memo: dict[int, Any] = {}
+        # Referents of hydrated weak references (NOTE: [Weak references in
+        # guarded values]): alive as long as the loaded state is.
+        self.keep_alive: list = []
+
+    def __call__(self, stand_in):
+        if _is_constant(stand_in):
+            return stand_in
+        key = id(stand_in)
+        if key in self.memo:
+            return self.memo[key]
+        codec = _LOAD_CODECS.get(type(stand_in))
+        out = stand_in if codec is None else codec.load(self, stand_in)
+        self.memo[key] = out
+        return out
+
+
+# ---------------------------------------------------------------------------
+# Stand-in codecs: one per kind of value, its save side next to its load side
+# ---------------------------------------------------------------------------
+
+# NOTE: [Stand-in codecs]
+# Each kind of recorded value has one codec, a class with three static methods:
+#   * ``accepts(obj, guarded)``: whether ``obj`` is of its kind (at save);
+#   * ``save(converter, obj, path, guarded)``: the stand-in (it converts what
+#     ``obj`` holds through ``converter``), or _DECLINED to let a later codec
+#     take it;
+#   * ``load(hydrator, stand_in)``: the object the loaded guards read (it
+#     hydrates what the stand-in holds through ``hydrator``).
+# At save the codecs are asked in the order they are registered below (the
+# order matters where kinds overlap: a tensor before an object with a
+# ``__dict__``, unguarded values become placeholders before the kinds that need
+# to be faithful); at load the stand-in's type picks its codec (``stand_ins``).
+# A stand-in no codec loads (a constant, a ``range``) loads as itself. A codec
+# that is only reached through another (a local class, a function with no
+# stable name, a wrapper tensor subclass, a frozen dataclass used as a key)
+# accepts nothing itself.
+
+
+class StandInCodec:
+    """The save and load sides of one kind of recorded value."""
+
+    # The pickled types this codec loads.
+    stand_ins: tuple[type, ...] = ()
+
+    @staticmethod
+    def accepts(obj, guarded: bool) -> bool:
+        return False
+
+    @staticmethod
+    def save(converter: _StandInConverter, obj, path: str, guarded: bool) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def load(hydrator: _Hydrator, stand_in) -> Any:
+        return stand_in
+
+
+_SAVE_CODECS: list[type[StandInCodec]] = []
+_LOAD_CODECS: dict[type, type[StandInCodec]] = {}
+
+
+def _register_codec(codec: type[StandInCodec]) -> type[StandInCodec]:
+    _SAVE_CODECS.append(codec)
+    for stand_in_type in codec.stand_ins:
+        if stand_in_type in _LOAD_CODECS:
+            raise AssertionError(f"two codecs load {stand_in_type.__qualname__}")
+        _LOAD_CODECS[stand_in_type] = codec
+    return codec
+
+
+@dataclasses.dataclass
+class _DtypeStandIn:
+    name: str
+
+
+@_register_codec
+class _DtypeCodec(StandInCodec):
+    stand_ins = (_DtypeStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return isinstance(obj, torch.dtype)
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        return _DtypeStandIn(str(obj).replace("torch.", ""))
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        return getattr(torch, stand_in.name)
+
+
+@dataclasses.dataclass
+class _DeviceStandIn:
+    spec: str
+
+
+@_register_codec
+class _DeviceCodec(StandInCodec):
+    stand_ins = (_DeviceStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return isinstance(obj, torch.device)
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        return _DeviceStandIn(str(obj))
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        return torch.device(stand_in.spec)
+
+
+@dataclasses.dataclass
+class _SizeStandIn:
+    dims: tuple
+
+
+@_register_codec
+class _SizeCodec(StandInCodec):
+    stand_ins = (_SizeStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return isinstance(obj, torch.Size)
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        return _SizeStandIn(tuple(int(d) for d in obj))
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        return torch.Size(stand_in.dims)
+
+
+# What is saved by name (find_stable_name) when it has one.
+_NAMED_KINDS = (
+    types.ModuleType,
+    type,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.CodeType,
+)
+
+
+@_register_codec
+class _NamedCodec(StandInCodec):
+    """Modules, classes, functions, builtins, code objects, layouts and memory
+    formats, by name (see NOTE: [Guard serialization by recorded values])."""
+
+    stand_ins = (_NamedRef,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return (
+            isinstance(obj, (torch.layout, torch.memory_format, *_NAMED_KINDS))
+            or obj is builtins.__dict__
+        )
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        if isinstance(obj, (torch.layout, torch.memory_format)):
+            return _NamedRef("torch", str(obj).replace("torch.", ""))
+        ref = converter.named(obj)
+        if ref is None:
+            return converter.unnamed(obj, path, guarded)
+        converter.memo[id(obj)] = ref
+        return ref
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        return resolve_name(stand_in)
+
+
+@dataclasses.dataclass
+class _EnumStandIn:
+    cls: _NamedRef
+    member: str
+
+
+@_register_codec
+class _EnumCodec(StandInCodec):
+    stand_ins = (_EnumStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return isinstance(obj, enum.Enum)
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        cls_ref = find_stable_name(type(obj))
+        if cls_ref is None:
+            return converter.unnamed(obj, path, guarded)
+        return _EnumStandIn(cls_ref, obj.name)
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        cls = resolve_name(stand_in.cls)
+        if isinstance(cls, type) and issubclass(cls, enum.Enum):
+            return cls[stand_in.member]
+        return UnresolvedName(stand_in.cls.module, f"{stand_in.cls.path}.{stand_in.member}")
+
+
+@dataclasses.dataclass
+class _TensorStandIn:
+    dtype: str
+    device: str
+    requires_grad: bool
+    is_parameter: bool
+    conj: bool
+    neg: bool
+    attrs: dict
+    dispatch_keys: tuple
+    # TENSOR_MATCH takes sizes and strides explicitly but the rank from the
+    # tensor: the stand-in has the saved number of dims (and no elements).
+    ndim: int = 1
+    # The outermost functorch wrapper of a tensor seen inside vmap / grad / jvp /
+    # functionalize ("batched", "grad" or "functional"), or None. See
+    # NOTE: [Functorch-wrapped tensor stand-ins].
+    functorch_wrapper: Optional[str] = None
+    # made under inference_mode: no autograd dispatch keys
+    is_inference: bool = False
+    # A tensor subclass without __tensor_flatten__ (the stand-in is
+    # ``as_subclass`` of a plain one): the class by name.
+    subclass: Optional[_NamedRef] = None
+
+
+@_register_codec
+class _TensorCodec(StandInCodec):
+    """A tensor: an empty one that answers what TENSOR_MATCH reads (see NOTE:
+    [Functorch-wrapped tensor stand-ins]); a traceable wrapper subclass goes to
+    _WrapperSubclassCodec."""
+
+    stand_ins = (_TensorStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return isinstance(obj, torch.Tensor)
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+        if not guarded:
+            return _Placeholder(type(obj).__qualname__)
+        subclass_ref = _tensor_subclass_name(converter, obj, path)
+        if subclass_ref is not None and is_traceable_wrapper_subclass(obj):
+            return _WrapperSubclassCodec.save_subclass(converter, obj, path, subclass_ref)
+        stand_in = _TensorStandIn(
+            dtype=str(obj.dtype).replace("torch.", ""),
+            device=str(obj.device),
+            requires_grad=bool(obj.requires_grad),
+            is_parameter=isinstance(obj, torch.nn.Parameter),
+            conj=bool(obj.is_conj()),
+            neg=bool(obj.is_neg()),
+            attrs=_tensor_attrs(converter, obj, path),
+            dispatch_keys=_dispatch_key_names(obj),
+            ndim=obj.dim(),
+            functorch_wrapper=_functorch_wrapper_kind(obj),
+            is_inference=bool(obj.is_inference()),
+            subclass=subclass_ref,
+        )
+        _check_reproduced(converter, obj, _make_tensor(stand_in), path)
+        converter.memo[id(obj)] = stand_in
+        return stand_in
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        t = _make_tensor(stand_in)
+        for k, v in stand_in.attrs.items():
+            setattr(t, k, hydrator(v))
+        return t
+
+
+_TENSOR_SUBCLASS_GUARDS = ("TENSOR_SUBCLASS_METADATA_MATCH", "TENSOR_MATCH")
+
+
+def _tensor_subclass_name(converter, t: torch.Tensor, path: str) -> Optional[_NamedRef]:
+    """The name of ``t``'s class when it is a tensor subclass (a refusal when it
+    has none), None for a plain tensor, parameter or buffer."""
+    cls = type(t)
+    if cls in (torch.Tensor, torch.nn.Parameter) or isinstance(t, torch.nn.parameter.Buffer):
+        return None
+    subclass_ref = find_stable_name(cls)
+    if subclass_ref is None and _is_local_class(cls):
+        raise local_class_refusal(
+            converter.guard_type_at(path, _TENSOR_SUBCLASS_GUARDS), path, cls
+        )
+    if subclass_ref is None:
+        raise converter.refusal(
+            path,
+            f"tensor subclass {cls.__qualname__} has no stable name in another process",
+            _TENSOR_SUBCLASS_GUARDS,
+        )
+    return subclass_ref
+
+
+def _tensor_attrs(converter, t: torch.Tensor, path: str) -> dict:
+    return {
+        k: converter.convert(v, f"{path}.{k}", True)
+        for k, v in vars(t).items()
+        if k.startswith("_dynamo_")
+    }
+
+
+def _check_reproduced(converter, t: torch.Tensor, proxy: torch.Tensor, path: str) -> None:
+    """TENSOR_MATCH compares what it reads from the stand-in: it must agree."""
+
+    def seen(x):
+        return (
+            type(x).__qualname__,
+            _dispatch_key_names(x),
+            bool(x.requires_grad),
+            x.dtype,
+            x.device,
+        )
+
+    if seen(proxy) != seen(t):
+        raise converter.refusal(
+            path,
+            f"a stand-in tensor cannot reproduce what the guard reads from it "
+            f"(type, dispatch keys, requires_grad, dtype, device): {seen(t)} "
+            f"became {seen(proxy)}; sparse, nested and quantized inputs are not "
+            "supported",
+            ("TENSOR_MATCH",),
+        )
+
+
+@dataclasses.dataclass
+class _WrapperSubclassStandIn:
+    """A traceable wrapper tensor subclass (``__tensor_flatten__`` /
+    ``__tensor_unflatten__``), see NOTE: [Tensor subclass stand-ins]."""
+
+    cls: _NamedRef
+    # inner attribute name -> _TensorStandIn / _WrapperSubclassStandIn
+    inner: dict
+    # the flatten context (what TENSOR_SUBCLASS_METADATA_MATCH compares)
+    ctx: Any
+    ndim: int
+    attrs: dict
+
+
+@_register_codec
+class _WrapperSubclassCodec(StandInCodec):
+    """See NOTE: [Tensor subclass stand-ins]. Reached through _TensorCodec."""
+
+    stand_ins = (_WrapperSubclassStandIn,)
+
+    @staticmethod
+    def save_subclass(converter, t: Any, path: str, cls_ref: _NamedRef):
+        """``t``: a traceable wrapper subclass instance."""
+        inner_names, ctx = t.__tensor_flatten__()
+        stand_in = _WrapperSubclassStandIn(cls_ref, {}, None, t.dim(), {})
+        converter.memo[id(t)] = stand_in
+        for name in inner_names:
+            stand_in.inner[name] = converter.convert(getattr(t, name), f"{path}.{name}", True)
+        stand_in.ctx = converter.convert(ctx, f"{path}.__tensor_flatten__()[1]", True)
+        stand_in.attrs = _tensor_attrs(converter, t, path)
+        try:
+            proxy = _Hydrator()(stand_in)
+        except Exception as e:
+            raise converter.refusal(
+                path,
+                f"tensor subclass {type(t).__qualname__} cannot be rebuilt with "
+                f"__tensor_unflatten__ from stand-ins of its inner tensors ({e!r:.200})",
+                ("TENSOR_MATCH", "TENSOR_SUBCLASS_METADATA_MATCH"),
+            ) from e
+        _check_reproduced(converter, t, proxy, path)
+        return stand_in
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        cls = hydrator(stand_in.cls)
+        if not (isinstance(cls, type) and issubclass(cls, torch.Tensor)):
+            raise PackageError(
+                f"tensor subclass {stand_in.cls.module}.{stand_in.cls.path}, which "
+                "the saved guards check, cannot be found in this process"
+            )
+        inner = {name: hydrator(value) for name, value in stand_in.inner.items()}
+        size = (0,) * stand_in.ndim
+        with torch._C._DisableFuncTorch():
+            stride = torch.empty(size, device="meta").stride()
+            unflatten = cast(Any, cls).__tensor_unflatten__
+            out = unflatten(inner, hydrator(stand_in.ctx), size, stride)
+        for k, v in stand_in.attrs.items():
+            setattr(out, k, hydrator(v))
+        return out
+
+
+@_register_codec
+class _DictCodec(StandInCodec):
+    """A dict or OrderedDict: its own type, holding stand-ins."""
+
+    stand_ins = (dict, collections.OrderedDict)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return type(obj) in (dict, collections.OrderedDict)
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        out = type(obj)()
+        converter.memo[id(obj)] = out
+        for k, v in obj.items():
+            out[converter.key(k, path)] = converter.child(v, f"{path}[{k!r}]", guarded)
+        return out
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        out = type(stand_in)()
+        hydrator.memo[id(stand_in)] = out
+        for k, v in stand_in.items():
+            out[hydrator(k)] = hydrator(v)
+        return out
+
+
+@dataclasses.dataclass
+class _DefaultDictStandIn:
+    factory: Any
+    items: dict
+
+
+@_register_codec
+class _DefaultDictCodec(StandInCodec):
+    stand_ins = (_DefaultDictStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return type(obj) is collections.defaultdict
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        out = _DefaultDictStandIn(None, {})
+        converter.memo[id(obj)] = out
+        out.factory = converter.child(obj.default_factory, f"{path}.default_factory", guarded)
+        for k, v in obj.items():
+            out.items[converter.key(k, path)] = converter.child(v, f"{path}[{k!r}]", guarded)
+        return out
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        out: collections.defaultdict = collections.defaultdict(None)
+        hydrator.memo[id(stand_in)] = out
+        factory = hydrator(stand_in.factory)
+        out.default_factory = factory if callable(factory) else None
+        for k, v in stand_in.items.items():
+            out[hydrator(k)] = hydrator(v)
+        return out
+
+
+@_register_codec
+class _ListCodec(StandInCodec):
+    stand_ins = (list,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return type(obj) is list
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        out: list = []
+        converter.memo[id(obj)] = out
+        out.extend(converter.child(v, f"{path}[{i}]", guarded) for i, v in enumerate(obj))
+        return out
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        out: list = []
+        hydrator.memo[id(stand_in)] = out
+        out.extend(hydrator(v) for v in stand_in)
+        return out
+
+
+@_register_codec
+class _TupleCodec(StandInCodec):
+    stand_ins = (tuple,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return type(obj) is tuple
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        return tuple(converter.child(v, f"{path}[{i}]", guarded) for i, v in enumerate(obj))
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        return tuple(hydrator(v) for v in stand_in)
+
+
+@_register_codec
+class _SetCodec(StandInCodec):
+    stand_ins = (set, frozenset)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return type(obj) in (set, frozenset)
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        return type(obj)(converter.key(v, path) for v in obj)
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        return type(stand_in)(hydrator(v) for v in stand_in)
+
+
+@_register_codec
+class _SliceCodec(StandInCodec):
+    stand_ins = (slice,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return type(obj) is slice
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        return slice(*(converter.convert(x, path, True) for x in (obj.start, obj.stop, obj.step)))
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        return slice(hydrator(stand_in.start), hydrator(stand_in.stop), hydrator(stand_in.step))
+
+
+@_register_codec
+class _RangeCodec(StandInCodec):
+    """A range holds only ints: it is its own stand-in (and loads as itself)."""
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return type(obj) is range
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        return obj
+
+
+@dataclasses.dataclass
+class _MappingProxyStandIn:
+    mapping: dict
+
+
+@_register_codec
+class _MappingProxyCodec(StandInCodec):
+    stand_ins = (_MappingProxyStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return isinstance(obj, types.MappingProxyType)
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        return _MappingProxyStandIn(converter.convert(dict(obj), path, guarded))
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        return types.MappingProxyType(hydrator(stand_in.mapping))
+
+
+@dataclasses.dataclass
+class _TupleIteratorStandIn:
+    remaining: tuple
+
+
+@_register_codec
+class _TupleIteratorCodec(StandInCodec):
+    stand_ins = (_TupleIteratorStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return type(obj).__name__ == "tuple_iterator"
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        _, (seq,), index = obj.__reduce__()
+        return _TupleIteratorStandIn(
+            tuple(converter.child(v, path, guarded) for v in seq[index:])
+        )
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        return iter(tuple(hydrator(v) for v in stand_in.remaining))
+
+
+@dataclasses.dataclass
+class _RangeIteratorStandIn:
+    start: int
+    stop: int
+    step: int
+    index: int
+
+
+@_register_codec
+class _RangeIteratorCodec(StandInCodec):
+    stand_ins = (_RangeIteratorStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return type(obj).__name__ == "range_iterator"
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        _, (rng,), index = obj.__reduce__()
+        return _RangeIteratorStandIn(rng.start, rng.stop, rng.step, index)
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        it = iter(range(stand_in.start, stand_in.stop, stand_in.step))
+        for _ in range(stand_in.index):
+            next(it)
+        return it
+
+
+@dataclasses.dataclass
+class _DispatchKeySetStandIn:
+    keys: tuple
+
+
+@_register_codec
+class _DispatchKeySetCodec(StandInCodec):
+    stand_ins = (_DispatchKeySetStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return isinstance(obj, torch._C.DispatchKeySet)
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        return _DispatchKeySetStandIn(_key_set_names(obj))
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        key_set = torch._C.DispatchKeySet(torch._C.DispatchKey.Undefined)
+        for name in stand_in.keys:
+            key_set = key_set | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, name))
+        return key_set
+
+
+# NOTE: [Weak references in guarded values]
+# A weakref.ref is guarded by its type (nn.LSTM / GRU keep _flat_weight_refs,
+# weak references to their parameters, and Dynamo's TYPE_MATCH on them compares
+# the class weakref.ReferenceType, which has a stable name). The stand-in is a
+# real weakref.ref to the stand-in of its referent (the same stand-in a guard on
+# the referent itself gets, so identities agree), kept alive while the guards
+# are built; a reference that was dead at save is dead again at load.
+@dataclasses.dataclass
+class _WeakrefStandIn:
+    referent: Any
+    dead: bool
+
+
+@_register_codec
+class _WeakrefCodec(StandInCodec):
+    stand_ins = (_WeakrefStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return type(obj) is weakref.ReferenceType
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        referent = obj()
+        if referent is None:
+            return _WeakrefStandIn(None, True)
+        return _WeakrefStandIn(converter.child(referent, f"{path}()", guarded), False)
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        if stand_in.dead:
+            return weakref.ref(_Placeholder("dead weakref referent"))
+        referent = hydrator(stand_in.referent)
+        hydrator.keep_alive.append(referent)
+        return weakref.ref(referent)
+
+
+@dataclasses.dataclass
+class _DictViewStandIn:
+    """``d.keys()``, ``d.values()`` or ``d.items()`` (``kind``) of a rebuilt dict."""
+
+    kind: str
+    items: dict
+    ordered: bool
+
+
+def _dict_view_kinds() -> dict:
+    kinds = {}
+    mapping: dict
+    for mapping, ordered in (({}, False), (collections.OrderedDict(), True)):
+        for kind in ("keys", "values", "items"):
+            kinds[type(getattr(mapping, kind)())] = (kind, ordered)
+    return kinds
+
+
+_DICT_VIEW_KINDS = _dict_view_kinds()
+
+
+@_register_codec
+class _DictViewCodec(StandInCodec):
+    """A guarded dict view; an unguarded one is a placeholder."""
+
+    stand_ins = (_DictViewStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return guarded and type(obj) in _DICT_VIEW_KINDS
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        kind, ordered = _DICT_VIEW_KINDS[type(obj)]
+        view = _DictViewStandIn(kind, {}, ordered)
+        converter.memo[id(obj)] = view
+        for k, v in obj.mapping.items():
+            view.items[converter.key(k, path)] = converter.child(v, f"{path}[{k!r}]", True)
+        return view
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        mapping: dict = collections.OrderedDict() if stand_in.ordered else {}
+        for k, v in stand_in.items.items():
+            mapping[hydrator(k)] = hydrator(v)
+        return getattr(mapping, stand_in.kind)()
+
+
+@_register_codec
+class _PlaceholderCodec(StandInCodec):
+    """Whatever is left that no guard read: a placeholder naming its type.
+    Every codec after this one sees guarded values only."""
+
+    stand_ins = (_Placeholder,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return not guarded
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        return _Placeholder(type(obj).__qualname__)
+
+
+@_register_codec
+class _StableNameCodec(StandInCodec):
+    """Any other object that has a stable name (an lru_cache-wrapped
+    module-level function...): saved by name, loaded by _NamedCodec."""
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return hasattr(obj, "__qualname__")
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        ref = find_stable_name(obj)
+        if ref is None:
+            return _DECLINED
+        converter.memo[id(obj)] = ref
+        return ref
+
+
+@dataclasses.dataclass
+class _TupleSubclassStandIn:
+    """A namedtuple (or other tuple subclass) instance."""
+
+    cls: _NamedRef
+    items: tuple
+
+
+@_register_codec
+class _TupleSubclassCodec(StandInCodec):
+    stand_ins = (_TupleSubclassStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return isinstance(obj, tuple)
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        cls_ref = converter.class_ref(type(obj), path)
+        if cls_ref is None:
+            return converter.unnamed(obj, path, guarded)
+        out = _TupleSubclassStandIn(cls_ref, ())
+        converter.memo[id(obj)] = out
+        out.items = tuple(converter.child(v, f"{path}[{i}]", True) for i, v in enumerate(obj))
+        return out
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        cls = hydrator(stand_in.cls)
+        if not (isinstance(cls, type) and issubclass(cls, tuple)):
+            return UnresolvedName(stand_in.cls.module, getattr(stand_in.cls, "path", ""))
+        return tuple.__new__(cls, tuple(hydrator(v) for v in stand_in.items))
+
+
+@dataclasses.dataclass
+class _PartialStandIn:
+    func: Any
+    args: tuple
+    keywords: dict
+
+
+@_register_codec
+class _PartialCodec(StandInCodec):
+    stand_ins = (_PartialStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return type(obj) is functools.partial
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        return _PartialStandIn(
+            converter.convert(obj.func, f"{path}.func", True),
+            tuple(converter.child(a, f"{path}.args", True) for a in obj.args),
+            {k: converter.child(v, f"{path}.keywords", True) for k, v in obj.keywords.items()},
+        )
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        func = hydrator(stand_in.func)
+        if not callable(func):
+            return UnresolvedName("functools", "partial")
+        args = (hydrator(a) for a in stand_in.args)
+        return functools.partial(
+            func, *args, **{k: hydrator(v) for k, v in stand_in.keywords.items()}
+        )
+
+
+@dataclasses.dataclass
+class _BoundMethodStandIn:
+    func: Any
+    owner: Any
+
+
+@_register_codec
+class _BoundMethodCodec(StandInCodec):
+    stand_ins = (_BoundMethodStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return isinstance(obj, types.MethodType)
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        return _BoundMethodStandIn(
+            converter.convert(obj.__func__, f"{path}.__func__", True),
+            converter.convert(obj.__self__, f"{path}.__self__", True),
+        )
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        func = hydrator(stand_in.func)
+        if not callable(func):
+            return UnresolvedName("types", "MethodType")
+        return types.MethodType(func, hydrator(stand_in.owner))
+
+
+@dataclasses.dataclass
+class _CellStandIn:
+    contents: Any
+    empty: bool
+
+
+@_register_codec
+class _CellCodec(StandInCodec):
+    stand_ins = (_CellStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return isinstance(obj, types.CellType)
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        try:
+            contents = obj.cell_contents
+        except ValueError:
+            return _CellStandIn(None, True)
+        return _CellStandIn(converter.child(contents, f"{path}.cell_contents", True), False)
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        if stand_in.empty:
+            return types.CellType()
+        return types.CellType(hydrator(stand_in.contents))
+
+
+@dataclasses.dataclass
+class _ObjectStandIn:
+    """An instance of a class, rebuilt without running its ``__init__``."""
+
+    cls: Any  # _NamedRef or _LocalClassStandIn
+    state: dict
+    slots: Optional[dict] = None
+
+
+# Classes whose own __new__ makes an empty instance without side effects.
+_SAFE_NEW_TYPES = (types.SimpleNamespace,)
+_SAFE_NEWS = tuple(t.__new__ for t in _SAFE_NEW_TYPES)
+
+
+def _slot_names(cls: type) -> list[str]:
+    """The ``__slots__`` of ``cls`` and its bases that hold values."""
+    names = []
+    for klass in cls.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for name in slots if isinstance(slots, (tuple, list)) else (slots,):
+            if name not in ("__dict__", "__weakref__"):
+                names.append(name)
+    return names
+
+
+@_register_codec
+class _ObjectCodec(StandInCodec):
+    """An instance of a class with a ``__dict__`` or ``__slots__``."""
+
+    stand_ins = (_ObjectStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return (hasattr(obj, "__dict__") or hasattr(type(obj), "__slots__")) and not isinstance(
+            obj, type
+        )
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        cls = type(obj)
+        cls_ref = converter.class_ref(cls, path)
+        if cls_ref is None:
+            raise converter.refusal(
+                path,
+                f"it is an instance of {cls.__qualname__}, a class with no stable "
+                "name in another process; define the class at module scope",
+            )
+        if cls.__new__ is not object.__new__ and cls.__new__ not in _SAFE_NEWS:
+            raise converter.refusal(
+                path,
+                f"it is an instance of {cls.__qualname__}, whose custom __new__ "
+                "cannot be replayed safely at load",
+            )
+        stand_in = _ObjectStandIn(cls_ref, {})
+        converter.memo[id(obj)] = stand_in
+        for k, v in getattr(obj, "__dict__", {}).items():
+            stand_in.state[k] = converter.child(v, f"{path}.{k}", True)
+        slot_names = _slot_names(cls)
+        if slot_names:
+            stand_in.slots = {
+                name: converter.child(getattr(obj, name), f"{path}.{name}", True)
+                for name in slot_names
+                if hasattr(obj, name)
+            }
+        return stand_in
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        cls = hydrator(stand_in.cls)
+        if not isinstance(cls, type):
+            if isinstance(cls, UnresolvedName):
+                return cls
+            return UnresolvedName(stand_in.cls.module, getattr(stand_in.cls, "path", ""))
+        new: Any = next(
+            (t.__new__ for t in cls.__mro__ if t in _SAFE_NEW_TYPES), object.__new__
+        )
+        try:
+            inst = new(cls)
+        except TypeError:
+            return UnresolvedName(cls.__module__, cls.__qualname__)
+        hydrator.memo[id(stand_in)] = inst
+        if stand_in.state:
+            inst.__dict__.update({k: hydrator(v) for k, v in stand_in.state.items()})
+        for name, value in (stand_in.slots or {}).items():
+            object.__setattr__(inst, name, hydrator(value))
+        return inst
+
+
+@dataclasses.dataclass
+class _LocalClassStandIn:
+    """A class with no stable name (defined in local scope): rebuilt as a class of
+    the same name over the same named bases, with the same attribute names (see
+    NOTE: [Classes defined in local scope])."""
+
+    module: str
+    qualname: str
+    name: str
+    # _NamedRef or _LocalClassStandIn per base, in order
+    bases: tuple
+    attribute_names: tuple
+    slots: Optional[tuple] = None
+
+
+class _LocalClassAttribute:
+    """The value of every attribute of a rebuilt local class (see NOTE: [Classes
+    defined in local scope]): present, so ``hasattr`` agrees, and never read by
+    a guard (the values guards read are recorded by their source)."""
+
+    def __repr__(self) -> str:
+        return "<attribute of a class defined in local scope>"
+
+
+_LOCAL_CLASS_ATTRIBUTE = _LocalClassAttribute()
+
+
+@_register_codec
+class _LocalClassCodec(StandInCodec):
+    """See NOTE: [Classes defined in local scope]. Reached through
+    _StandInConverter.class_ref / unnamed."""
+
+    stand_ins = (_LocalClassStandIn,)
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        if id(obj) in converter.memo:
+            return converter.memo[id(obj)]
+        own = vars(obj)
+        slots = own.get("__slots__")
+        if slots is not None:
+            slots = (slots,) if isinstance(slots, str) else tuple(slots)
+        stand_in = _LocalClassStandIn(
+            module=obj.__module__,
+            qualname=obj.__qualname__,
+            name=obj.__name__,
+            bases=(),
+            attribute_names=tuple(
+                sorted(
+                    name
+                    for name in own
+                    if not (name.startswith("__") and name.endswith("__"))
+                    and name not in (slots or ())
+                )
+            ),
+            slots=slots,
+        )
+        converter.memo[id(obj)] = stand_in
+        bases = []
+        for base in obj.__bases__:
+            base_ref = converter.class_ref(base, path)
+            if base_ref is None:
+                raise converter.refusal(
+                    path,
+                    f"its class {obj.__qualname__}, defined in local scope, cannot be "
+                    f"rebuilt in another process: its base {base!r} has no stable name",
+                )
+            bases.append(base_ref)
+        stand_in.bases = tuple(bases)
+        return stand_in
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        bases = tuple(hydrator(base) for base in stand_in.bases)
+        if not all(isinstance(base, type) for base in bases):
+            return UnresolvedName(stand_in.module, stand_in.qualname)
+
+        def fill(namespace):
+            namespace["__module__"] = stand_in.module
+            namespace["__qualname__"] = stand_in.qualname
+            namespace.update(dict.fromkeys(stand_in.attribute_names, _LOCAL_CLASS_ATTRIBUTE))
+            if stand_in.slots is not None:
+                namespace["__slots__"] = stand_in.slots
+
+        try:
+            return types.new_class(stand_in.name, bases, exec_body=fill)
+        except Exception:
+            log.debug(
+                "guard serialization: cannot rebuild class %s", stand_in.qualname, exc_info=True
+            )
+            return UnresolvedName(stand_in.module, stand_in.qualname)
+
+
+@dataclasses.dataclass
+class _FunctionStandIn:
+    """A function with no stable name, read only as the base of guarded values
+    (its ``__code__``, defaults...): a function object of its own with the saved
+    defaults; identity guards on what it holds are recorded separately."""
+
+    name: str
+    defaults: Optional[tuple]
+    kwdefaults: Optional[dict]
+
+
+def _placeholder_function(*args, **kwargs):
+    """The code of functions that stand in for functions with no stable name."""
+
+
+@_register_codec
+class _FunctionCodec(StandInCodec):
+    """Reached through _StandInConverter.unnamed."""
+
+    stand_ins = (_FunctionStandIn,)
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        defaults, kwdefaults = obj.__defaults__, obj.__kwdefaults__
+        return _FunctionStandIn(
+            obj.__name__,
+            None if defaults is None else converter.child(defaults, f"{path}.__defaults__", True),
+            None
+            if kwdefaults is None
+            else converter.child(kwdefaults, f"{path}.__kwdefaults__", True),
+        )
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        fn = types.FunctionType(_placeholder_function.__code__, {}, stand_in.name)
+        fn.__defaults__ = hydrator(stand_in.defaults)
+        fn.__kwdefaults__ = hydrator(stand_in.kwdefaults)
+        return fn
+
+
+@dataclasses.dataclass(frozen=True)
+class _FrozenObjectStandIn:
+    """A hashable instance (a frozen dataclass, used as a dict key or set item)."""
+
+    cls: _NamedRef
+    state: tuple  # sorted (name, key stand-in) pairs
+
+
+@_register_codec
+class _FrozenObjectCodec(StandInCodec):
+    """Reached through _StandInConverter.key: a frozen dataclass whose class has
+    a stable name (declined otherwise)."""
+
+    stand_ins = (_FrozenObjectStandIn,)
+
+    @staticmethod
+    def accepts_key(obj) -> bool:
+        return (
+            dataclasses.is_dataclass(obj)
+            and not isinstance(obj, type)
+            and type(obj).__dataclass_params__.frozen  # type: ignore[attr-defined]
+        )
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        cls_ref = find_stable_name(type(obj))
+        if cls_ref is None:
+            return _DECLINED
+        state = sorted(
+            (f.name, converter.key(getattr(obj, f.name), path))
+            for f in dataclasses.fields(obj)
+        )
+        return _FrozenObjectStandIn(cls_ref, tuple(state))
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        cls = resolve_name(stand_in.cls)
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            return UnresolvedName(stand_in.cls.module, stand_in.cls.path)
+        inst = object.__new__(cast(Any, cls))
+        for name, value in stand_in.state:
+            object.__setattr__(inst, name, hydrator(value))
+        return inst
+
+
+# What a dict key or set item may be saved as: hashable stand-ins.
+_KEY_STAND_IN_TYPES = (
+    _NamedRef,
+    _EnumStandIn,
+    _DtypeStandIn,
+    _DeviceStandIn,
+    tuple,
+    frozenset,
+)
+
+
+# NOTE: [Classes defined in local scope]
+# A class defined inside a function (most tests and notebooks define their
+# nn.Module that way) has no name another process can resolve. Most guards on
+# its instances never need the class itself: HASATTR, NOT_PRESENT_IN_GENERIC_DICT,
+# EMPTY_NN_MODULE_HOOKS_DICT and the TENSOR_MATCH guards on a module's parameters
+# read the instance's attributes, and the builder only asks the instance
+# ``hasattr`` / ``__dict__`` / ``isinstance(.., nn.Module)`` questions. So the
+# class is saved as its name, its named bases and the names of its own class
+# attributes (and ``__slots__``), and rebuilt at load as a class with the same
+# bases whose attributes are placeholders: those questions get the same answers.
+# Guards that compare the class itself (TYPE_MATCH, ID_MATCH on the class, the
+# Python type TENSOR_MATCH checks) would compare against the rebuilt class: they
+# are refused with LocalScopeTypeError (upstream's TypeError, also a PackageError)
+# telling the user to define the class at global scope.
+#
+# NOTE: [Tensor subclass stand-ins]
+# A traceable wrapper subclass (``__tensor_flatten__`` / ``__tensor_unflatten__``,
+# e.g. TwoTensor) is guarded by TENSOR_MATCH on itself and on its inner tensors,
+# by an EQUALS_MATCH on its inner attribute names, and by
+# TENSOR_SUBCLASS_METADATA_MATCH, which compares the flatten context (through the
+# class's ``__metadata_guard__`` where it has one). All of these read the
+# subclass instance, not its data, so the stand-in is the class (by name)
+# unflattened from stand-ins of the inner tensors and the saved context, with
+# empty sizes: TENSOR_MATCH takes sizes and strides explicitly. A subclass
+# without ``__tensor_flatten__`` is a plain stand-in viewed ``as_subclass``.
+# The class must have a stable name: the guards run its own methods.
+
+
+
+def _key_set_names(key_set) -> tuple:
+    text = str(key_set)
+    inner = text[len("DispatchKeySet(") : -1] if text.startswith("DispatchKeySet(") else text
+    return tuple(name for name in inner.split(", ") if name)
+
+
+def _dispatch_key_names(t: torch.Tensor) -> tuple:
+    return _key_set_names(torch._C._dispatch_keys(t))
+
+
+# NOTE: [Functorch-wrapped tensor stand-ins]
+# A frame compiled inside vmap / grad / jvp / functionalize sees its tensors
+# wrapped (BatchedTensor, the grad/jvp TensorWrapper, FunctionalTensorWrapper).
+# TENSOR_MATCH reads the Python type, dtype, device, requires_grad and dispatch
+# keys of the value; a wrapper reports the keys of a plain tensor plus its own
+# (FuncTorchBatched, FuncTorchGradWrapper, Functionalize), whatever it wraps and
+# at whatever level. So a stand-in is the same kind of wrapper around an empty
+# plain tensor: the level it was made at does not reach the guard (the
+# FUNCTORCH_STACK_MATCH guard checks levels), and a grad wrapper, which needs
+# its level on the functorch stack while it is made, is made under a grad layer
+# pushed for that moment. The dispatch keys the guard stores also depend on the
+# thread-local include/exclude sets live while it is built (inside any functorch
+# layer, the DynamicLayer keys are included): those are saved with the global
+# state and made live again while a loaded TENSOR_MATCH is built
+# (tensor_match_dispatch_state).
+
+
+def _functorch_wrapper_kind(t: torch.Tensor) -> Optional[str]:
+    functorch = torch._C._functorch
+    if functorch.is_batchedtensor(t):
+        return "batched"
+    if functorch.is_gradtrackingtensor(t):
+        return "grad"
+    if torch._is_functional_tensor(t):
+        return "functional"
+    return None
+
+
+def _make_tensor(s: _TensorStandIn) -> torch.Tensor:
+    # Made outside any live functorch layer (under one, factory functions return
+    # wrapped tensors) and in the saved inference mode, wherever it is called.
+    with torch._C._DisableFuncTorch(), torch.inference_mode(s.is_inference):
+        t = _make_tensor_here(s)
+        if s.subclass is not None:
+            cls = resolve_name(s.subclass)
+            if not (isinstance(cls, type) and issubclass(cls, torch.Tensor)):
+                raise PackageError(
+                    f"tensor subclass {s.subclass.module}.{s.subclass.path}, which "
+                    "the saved guards check, cannot be found in this process"
+                )
+            t = t.as_subclass(cls)
+        return t
+
+
+def _make_tensor_here(s: _TensorStandIn) -> torch.Tensor:
+    from torch._functorch.eager_transforms import enable_inplace_requires_grad
+
+    dtype = getattr(torch, s.dtype)
+    functorch = torch._C._functorch
+    # 0-d has one element; any other rank gets zero-sized dims: no storage. A
+    # BatchedTensor hides its batch dim, so its base has one more.
+    base_ndim = s.ndim + (s.functorch_wrapper == "batched")
+    t = torch.empty((0,) * base_ndim, dtype=dtype, device=s.device)
+    if s.conj:
+        t = t.conj()
+    if s.neg:
+        torch._C._set_neg(t, True)
+    if s.functorch_wrapper == "batched":
+        t = functorch._add_batch_dim(t, 0, 1)
+    elif s.functorch_wrapper == "functional":
+        t = torch._to_functional_tensor(t)
+    elif s.functorch_wrapper == "grad":
+        level = functorch._grad_increment_nesting()
+        try:
+            t = functorch._wrap_for_grad(t, level)
+            if s.requires_grad:
+                with enable_inplace_requires_grad(True):
+                    t.requires_grad_(True)
+        finally:
+            functorch._grad_decrement_nesting()
+        return t
+    elif s.functorch_wrapper is not None:
+        raise PackageError(f"unknown functorch wrapper {s.functorch_wrapper!r}")
+    if s.is_parameter:
+        t = torch.nn.Parameter(t, requires_grad=s.requires_grad)
+    elif s.requires_grad:
+        t.requires_grad_(True)
+    return t
