@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 
 .PHONY: agree-overlay-wheel
-.PHONY: venv ext test test-overlay test-wheel wheel wheel-venv export export-check status edit refresh clean demo bench-guards bench-load
+.PHONY: venv ext lint test test-overlay test-wheel wheel wheel-venv export export-check status edit refresh clean demo bench-guards bench-load
 
 # The C++ extension (torch_overlay/csrc/ and the compat layer's glue, see setup.py),
 # built in place in the compat layer: torch_overlay/compat/_functorch/ holds the
@@ -61,7 +61,23 @@ $(EXT_SO): $(EXT_SRCS) setup.py | $(STAMP) $(NLOHMANN_JSON_HEADER)
 
 ext: $(EXT_SO)
 
-test: test-overlay test-wheel export-check agree-overlay-wheel
+test: lint test-overlay test-wheel export-check agree-overlay-wheel
+
+# Lint as upstream does (configuration in pyproject.toml): ruff with upstream
+# pytorch's rule selection over the whole tree, and mypy on the mirrored torch
+# modules as torch modules of the patched torch (build_scripts/typecheck.py).
+# Both pinned, installed into the dev venv.
+RUFF_VERSION := 0.14.14
+MYPY_VERSION := 1.16.1
+LINT_STAMP := $(VENV)/.lint-ruff-$(RUFF_VERSION)-mypy-$(MYPY_VERSION)
+
+$(LINT_STAMP): $(STAMP)
+	$(PY) -m pip install "ruff==$(RUFF_VERSION)" "mypy==$(MYPY_VERSION)"
+	touch $@
+
+lint: $(LINT_STAMP)
+	$(PY) -m ruff check .
+	$(PY) build_scripts/typecheck.py --view $(BUILD)/typing-view
 
 # The overlay and the patched wheel deliver the same patches: their test outcomes
 # (junit XML of the two runs above) and guard probe decisions must agree.

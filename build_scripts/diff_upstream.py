@@ -510,7 +510,7 @@ def compare_tests(runs: dict, labels: list[str]) -> dict:
 
 
 def test_disagreements(runs: dict, a: str, b: str) -> list[dict]:
-    ids = sorted(set((runs[a].get("tests") or {})) | set((runs[b].get("tests") or {})))
+    ids = sorted(set(runs[a].get("tests") or {}) | set(runs[b].get("tests") or {}))
     out = []
     for test_id in ids:
         oa, ob = outcome_of(runs, a, test_id), outcome_of(runs, b, test_id)
@@ -1047,13 +1047,13 @@ def render_markdown(report: dict) -> str:
     lines: list[str] = []
     add = lines.append
     envs = report["environments"]
-    labels = list(envs)
     add("# Behaviour diff: stock 2.7.1, overlay, patched wheel, upstream 2.13")
     add("")
     git = report["git"]
+    dirty = f" (+{git['dirty_files']} uncommitted files)" if git["dirty_files"] else ""
     add(
         f"Generated {report['generated']} in {report['seconds']} s at `{git['head'][:12]}`"
-        f"{' (+%d uncommitted files)' % git['dirty_files'] if git['dirty_files'] else ''}."
+        f"{dirty}."
     )
     add("")
     add("| environment | torch | what | pytest | probes |")

@@ -530,7 +530,7 @@ def run_case_save(api: TorchApi, probe, mode: str, blob_path: Path) -> dict:
             except Exception as e:
                 case["status"] = "refused"
                 case["refusal"] = describe_exception(e)
-                if not type(e).__name__ == "PackageError":
+                if type(e).__name__ != "PackageError":
                     case["traceback"] = traceback.format_exc()[-3000:]
 
     frames = battery_frames(probe)
@@ -644,7 +644,7 @@ def main(argv=None) -> int:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--out", str(out_dir), "--phase", "load"]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
         if proc.returncode != 0:
-            result["fresh_process_error"] = first_line(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "exit %d" % proc.returncode)
+            result["fresh_process_error"] = first_line(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}")
             result["fresh_process_stderr"] = proc.stderr[-4000:]
         else:
             merge_fresh(cases, json.loads((out_dir / "fresh.json").read_text()))

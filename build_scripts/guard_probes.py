@@ -44,7 +44,7 @@ import logging
 import math
 import types
 import unittest.mock
-from typing import Any, Callable, ContextManager, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -69,7 +69,7 @@ class Call:
 
     label: str
     make: Callable[[], A]
-    context: Optional[Callable[[], ContextManager]] = None
+    context: Optional[Callable[[], contextlib.AbstractContextManager]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Probe:
     battery: tuple[Call, ...]
     covers: tuple[str, ...]
     # Active while the probe is traced and its guards are built or loaded.
-    compile_context: Optional[Callable[[], ContextManager]] = None
+    compile_context: Optional[Callable[[], contextlib.AbstractContextManager]] = None
     # torch._dynamo.config values patched while tracing, building and loading.
     config: dict = dataclasses.field(default_factory=dict)
     # Guard serialization is expected to be refused by the overlay (a probe of the
@@ -97,7 +97,7 @@ def probe(
     example: Call,
     *battery: Call,
     covers: tuple[str, ...] = (),
-    compile_context: Optional[Callable[[], ContextManager]] = None,
+    compile_context: Optional[Callable[[], contextlib.AbstractContextManager]] = None,
     config: Optional[dict] = None,
     expect_refusal: bool = False,
     keep_guard: Optional[Callable[[Any], bool]] = None,
@@ -148,6 +148,28 @@ def dyn(x: torch.Tensor, *dims: int) -> torch.Tensor:
     for d in dims:
         torch._dynamo.mark_dynamic(x, d)
     return x
+
+
+def _same_tensor_twice(a: torch.Tensor) -> A:
+    return A(a, a)
+
+
+def _advanced_once(it) -> A:
+    """A tensor and ``it`` after one ``next``."""
+    next(it)
+    return A(t(3), it)
+
+
+def _with_forward_hook(module) -> A:
+    """``module`` with a (no-op) forward hook registered, and a tensor."""
+    module.register_forward_hook(lambda *args: None)
+    return A(module, t(3))
+
+
+def _with_extra(box) -> A:
+    """``box`` with an ``extra`` attribute set, and a tensor."""
+    box.extra = 1
+    return A(box, t(3))
 
 
 @contextlib.contextmanager
@@ -477,7 +499,7 @@ def tensor_complex(x):
 @probe(
     C("example", lambda: A(t(3), t(3))),
     C("two tensors", lambda: A(t(3), t(3))),
-    C("same tensor twice", lambda: (lambda a: A(a, a))(t(3))),
+    C("same tensor twice", lambda: _same_tensor_twice(t(3))),
     C("second is float64", lambda: A(t(3), t(3, dtype=torch.float64))),
     covers=("TENSOR_MATCH",),
 )
@@ -486,8 +508,8 @@ def tensor_two_inputs(x, y):
 
 
 @probe(
-    C("example", lambda: (lambda a: A(a, a))(t(3))),
-    C("same tensor twice", lambda: (lambda a: A(a, a))(t(3))),
+    C("example", lambda: _same_tensor_twice(t(3))),
+    C("same tensor twice", lambda: _same_tensor_twice(t(3))),
     C("two tensors", lambda: A(t(3), t(3))),
     covers=("TENSOR_MATCH",),
 )
@@ -758,7 +780,7 @@ def range_arg(x, r):
 @probe(
     C("example", lambda: A(t(3), iter(range(3)))),
     C("fresh iterator", lambda: A(t(3), iter(range(3)))),
-    C("advanced iterator", lambda: (lambda it: (next(it), A(t(3), it))[1])(iter(range(3)))),
+    C("advanced iterator", lambda: _advanced_once(iter(range(3)))),
     C("iterator over range(4)", lambda: A(t(3), iter(range(4)))),
     covers=("RANGE_ITERATOR_MATCH",),
 )
@@ -886,7 +908,7 @@ def object_attrs(b, x):
 @probe(
     C("example", lambda: A(Box(), t(3))),
     C("without 'extra'", lambda: A(Box(), t(3))),
-    C("with 'extra'", lambda: (lambda b: (setattr(b, "extra", 1), A(b, t(3)))[1])(Box())),
+    C("with 'extra'", lambda: _with_extra(Box())),
     covers=("HASATTR", "TYPE_MATCH"),
 )
 def object_hasattr(o, x):
@@ -999,9 +1021,7 @@ def module_linear(m, x):
     C("example", lambda: A(MLP(), t(3))),
     C("another MLP()", lambda: A(MLP(), t(3))),
     C("MLP(hidden=5)", lambda: A(MLP(hidden=5), t(3))),
-    C("MLP with a forward hook", lambda: (
-        lambda m: (m.register_forward_hook(lambda *a: None), A(m, t(3)))[1]
-    )(MLP())),
+    C("MLP with a forward hook", lambda: _with_forward_hook(MLP())),
     covers=("TENSOR_MATCH", "TYPE_MATCH", "EMPTY_NN_MODULE_HOOKS_DICT"),
 )
 def module_mlp(m, x):

@@ -54,9 +54,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional, TYPE_CHECKING
 
 import torch
+
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ import pickle
 import subprocess
 import sys
 import tempfile
-import textwrap
 import unittest
 from pathlib import Path
 

@@ -1,15 +1,20 @@
 # Owner(s): ["module: dynamo"]
 """guard_filter_fn: torch.compile(options={"guard_filter_fn": fn}) and CheckFunctionManager."""
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch._dynamo
 import torch._dynamo.test_case
 import torch._dynamo.testing
-from torch._dynamo.types import GuardFilterEntry
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
 )
+
+
+if TYPE_CHECKING:
+    from torch._dynamo.types import GuardFilterEntry
 
 
 GLOBAL_SCALE = 2

@@ -24,7 +24,6 @@ import textwrap
 import threading
 import types
 import unittest.mock
-import weakref
 
 import torch
 import torch._dynamo
@@ -1080,7 +1079,7 @@ class TestGuardSerialization(GuardSerializationTestCase):
     def test_dict_keys_input_compared_by_value(self):
         # A keys view is guarded by equality with the saved keys (EQUALS_MATCH).
         def fn(x, keys):
-            return x * list(keys)[0]
+            return x * list(keys)[0]  # noqa: RUF015 - the traced list() of a keys view
 
         built = build_check_fn_manager(fn, (torch.ones(2), {3: "a"}.keys()))
         loaded = load_check_fn_manager(built)
@@ -1721,7 +1720,6 @@ def _registered_pytree_node(cls):
         yield
     finally:
         pytree.SUPPORTED_NODES.pop(cls)
-        pytree._private_register_pytree_node  # noqa: B018 - registry stays importable
 
 
 @contextlib.contextmanager

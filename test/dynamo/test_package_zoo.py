@@ -18,8 +18,6 @@ import importlib.util
 import textwrap
 import unittest
 
-import torch
-import torch._dynamo.test_case
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,

@@ -5,7 +5,6 @@ Activation is per process, so most tests run a fresh interpreter; the environmen
 of each is built explicitly (TORCH_OVERLAY set or not, a private cache dir).
 """
 
-import hashlib
 import importlib.machinery
 import importlib.util
 import json
@@ -26,7 +25,6 @@ HAS_OVERLAY = importlib.util.find_spec("torch_overlay") is not None
 if HAS_OVERLAY:
     from torch_overlay._overlay import importer, materialize, series
     from torch_overlay._overlay.errors import (
-        PatchApplyError,
         UnsupportedTorchVersionError,
     )
 
@@ -315,7 +313,7 @@ active: False""",
         self.assertFalse(info["active"])
         self.assertTrue(info["installed_torch"].startswith("2.7.1"))
         self.assertEqual(
-            [p["subject"] for p in info["patches"]][0],
+            info["patches"][0]["subject"],
             "[dynamo] Add guard_filter_fn to torch.compile and CheckFunctionManager",
         )
         self.assertTrue(info["cache"].startswith(self.cache))

@@ -73,9 +73,7 @@ import types
 from typing import Any, Optional
 
 import torch
-# PackageError comes with the guard-serialization patch of exc.py; mypy reads the
-# unpatched 2.7.1.
-from torch._dynamo.exc import PackageError  # type: ignore[attr-defined]
+from torch._dynamo.exc import PackageError
 
 
 log = logging.getLogger(__name__)
@@ -488,8 +486,6 @@ def guard_type_names(guard) -> list[str]:
     return names
 
 
-# Returned by a codec's save side when the value is not its kind after all:
-# the next codec is tried.
 def _dispatch_key_set_from_raw(raw: int, start):
     """A DispatchKeySet whose ``raw_repr()`` is ``raw``, made from ``start`` (2.7.1
     has no ``from_raw_repr``, and a few keys, e.g. AutocastXLA, have no Python

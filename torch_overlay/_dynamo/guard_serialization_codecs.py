@@ -23,7 +23,7 @@ import weakref
 from typing import Any, cast, Optional
 
 import torch
-from torch._dynamo.exc import PackageError  # type: ignore[attr-defined]
+from torch._dynamo.exc import PackageError
 from torch._dynamo.guard_serialization import (
     _is_constant,
     _is_local_class,
@@ -43,7 +43,14 @@ from torch._dynamo.guard_serialization import (
 log = logging.getLogger(__name__)
 
 
+# Returned by a codec's save side when the value is not its kind after all:
+# the next codec is tried.
 _DECLINED = object()
+
+
+def _placeholder_of(value: Any) -> _Placeholder:
+    """What an unguarded value (or one only read as the base of others) becomes."""
+    return _Placeholder(type(value).__qualname__)
 
 
 class _StandInConverter:
@@ -156,14 +163,14 @@ class _StandInConverter:
         ):
             # Read only as the base of other guarded values (whose own values are
             # recorded); an identity guard on it is refused where it is required.
-            return _Placeholder(type(obj).__qualname__)
+            return _placeholder_of(obj)
         if guarded:
             raise self.refusal(
                 path,
                 f"the guarded value ({obj!r:.80}) has no stable name in another "
                 "process; define it at module scope",
             )
-        return _Placeholder(type(obj).__qualname__)
+        return _placeholder_of(obj)
 
     def key(self, k, path: str):
         """The stand-in of a dict key or set item: hashable, or refused."""
@@ -196,7 +203,7 @@ class _StandInConverter:
             return self.convert(value, path, True)
         if id(value) in self.memo:
             return self.memo[id(value)]
-        return _Placeholder(type(value).__qualname__)
+        return _placeholder_of(value)
 
 
 class _Hydrator:
@@ -452,7 +459,7 @@ class _TensorCodec(StandInCodec):
         from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
         if not guarded:
-            return _Placeholder(type(obj).__qualname__)
+            return _placeholder_of(obj)
         subclass_ref = _tensor_subclass_name(converter, obj, path)
         if subclass_ref is not None and is_traceable_wrapper_subclass(obj):
             return _WrapperSubclassCodec.save_subclass(converter, obj, path, subclass_ref)
@@ -944,7 +951,7 @@ class _PlaceholderCodec(StandInCodec):
 
     @staticmethod
     def save(converter, obj, path, guarded):
-        return _Placeholder(type(obj).__qualname__)
+        return _placeholder_of(obj)
 
 
 @_register_codec

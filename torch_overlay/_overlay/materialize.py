@@ -75,7 +75,7 @@ def patch_files(patch: Path) -> list[str]:
     return [line.split("\t", 2)[2] for line in proc.stdout.splitlines() if line]
 
 
-_GIT_APPLY_FILE = re.compile(r"^error: (?:patch failed: )?([^:\s]+)(?::\d+)?", re.M)
+_GIT_APPLY_FILE = re.compile(r"^error: (?:patch failed: )?([^:\s]+)(?::\d+)?", re.MULTILINE)
 
 
 def apply_series(tree: Path, patches: list[Patch]) -> None:

@@ -44,7 +44,7 @@ def activate_from_environment() -> None:
         activate()
     except OverlayError as error:
         sys.meta_path.insert(0, _DeferredActivationErrorFinder(error))
-    except Exception as error:  # noqa: BLE001 - never let site swallow it
+    except Exception as error:
         wrapped = OverlayError(f"torch_overlay: activation failed: {error!r}")
         wrapped.__cause__ = error
         sys.meta_path.insert(0, _DeferredActivationErrorFinder(wrapped))
