@@ -54,6 +54,8 @@ from .package_artifacts import (
     _sha256,
     _trust_recorded_vec_isa,
     _write_atomically,
+    capturing_frozen_graph,
+    check_frozen_parameters,
     deserialize_graph,
     overlay_series_hash,
     PACKAGE_FORMAT_VERSION,
@@ -350,16 +352,13 @@ def compile_options(backend) -> dict[str, Any]:
 def _refused_option(record: _GraphRecord) -> Optional[str]:
     """Why the graph's options keep it out of a package, naming the option."""
     options = record.options
-    if record.freezing:
-        frozen = (
-            "froze this graph (its parameters folded into constants)"
-            if record.frozen_under_no_grad
-            else "compiled this graph with freezing on"
-        )
+    if record.freezing and not record.frozen_under_no_grad:
+        # NOTE: [Frozen graphs in packages]
         return (
-            f"options={{'freezing': True}}: Inductor {frozen}, and 2.7.1's "
-            "AOTAutograd cache keeps no entry for any graph compiled with freezing on, "
-            "so there is no artifact to package; compile without freezing to package it"
+            "options={'freezing': True} in grad mode: Inductor freezes only under "
+            "torch.no_grad(), and 2.7.1's AOTAutograd cache keeps no entry for a graph "
+            "compiled with freezing on, so there is no artifact to package; compile "
+            "under torch.no_grad() (frozen inference) or without freezing to package it"
         )
     if record.backend == "inductor":
         if options.get("triton.cudagraphs") and "cuda" in record.devices:
@@ -412,12 +411,24 @@ class RecordingBackend:
         if self.kind == "inductor":
             _install_aot_listener()
             previous, _aot_listener.active = _aot_listener.active, record
+            frozen_capture = (
+                capturing_frozen_graph(record)
+                if record.frozen_under_no_grad
+                else contextlib.nullcontext()
+            )
             try:
                 # The package saves both graphs: compile the backward now.
-                with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+                with torch._functorch.config.patch(
+                    force_non_lazy_backward_lowering=True
+                ), frozen_capture:
                     compiled = self.backend(gm, example_inputs, **kwargs)
             finally:
                 _aot_listener.active = previous
+            if record.frozen is not None:
+                record.frozen.param_sources = {
+                    name: source.name()
+                    for name, source in (getattr(gm, "_param_name_to_source", None) or {}).items()
+                }
         else:
             compiled = self.backend(gm, example_inputs, **kwargs)
         if self.kind.startswith(_CUSTOM_BACKEND):
@@ -435,6 +446,11 @@ class RecordingBackend:
             if found is not None:
                 return found[1]
         return None
+
+
+def _freezing_parameters() -> bool:
+    """Whether Dynamo is folding parameters for Inductor's freezing right now."""
+    return bool(_inductor_config_value("freezing")) and not torch.is_grad_enabled()
 
 
 def _inductor_config_value(name: str):
@@ -522,6 +538,7 @@ class CompilePackage:
         self._loaded_graph_blobs: dict[str, bytes] = {}
         self._loaded_kernels: dict[str, bytes] = {}
         self._loaded_devices: set[str] = set()
+        self._loaded_frozen = False
         self._uid = _sha256(os.urandom(16))[:10]
 
     # -- compile side ------------------------------------------------------
@@ -634,7 +651,17 @@ class CompilePackage:
         warnings.warn(message, stacklevel=3)
 
     def guards_refused(self, code, error: PackageError) -> None:
-        self._exclude(code, str(error))
+        reason = str(error)
+        if "ID_MATCH" in reason and _freezing_parameters():
+            # NOTE: [Parameters of frozen packages]
+            reason += (
+                "; with freezing (torch._inductor.config.freezing under torch.no_grad()) "
+                "Dynamo guards the parameters it folds by identity, which another process "
+                "cannot check: compile with options={'guard_filter_fn': fn} where fn drops "
+                "ID_MATCH guards on tensors, and the package checks the parameter values "
+                "against the module it is loaded for instead"
+            )
+        self._exclude(code, reason)
 
     def _classify_globals(self, out_code, f_globals) -> dict:
         from torch._dynamo.guard_serialization import (
@@ -748,6 +775,14 @@ class CompilePackage:
             "compile_options": {
                 k: repr(v) for k, v in sorted((self.backend.options if self.backend else {}).items())
             },
+            # NOTE: [Frozen graphs in packages]: its graphs compute with constants
+            # folded from the parameters they were saved with.
+            "frozen": self._loaded_frozen
+            or any(
+                self._graph_records[artifact].frozen_under_no_grad
+                for artifact in graphs_kept
+                if artifact in self._graph_records
+            ),
             "entries": sum(1 for entry in kept if entry.out_code),
             "skipped_frames": sum(1 for entry in kept if not entry.out_code),
             "files": {name: _sha256(data) for name, data in sorted(files.items())},
@@ -824,6 +859,7 @@ class CompilePackage:
         """Install entries from a package's verified files (directory or archive)."""
         started = time.perf_counter()
         self._loaded_devices |= set(manifest.get("device", "cpu").split(","))
+        self._loaded_frozen = self._loaded_frozen or bool(manifest.get("frozen"))
         for name, digest in manifest["files"].items():
             if name not in files:
                 raise PackageError(f"package {path} is missing {name}")
@@ -869,6 +905,8 @@ class CompilePackage:
                     graphs[artifact] = deserialize_graph(data, redirect, artifact)
                 except Exception as e:
                     raise PackageError(f"package {path}: graph {artifact} is damaged: {e!r}") from e
+                module = self._fn if isinstance(self._fn, torch.nn.Module) else None
+                check_frozen_parameters(graphs[artifact], module, f"{artifact} of {path}")
         if any(v.startswith("kernels/") for v in files) or any(
             isinstance(g, _PackagedInductorGraph) for g in graphs.values()
         ):

@@ -118,6 +118,9 @@ class _GraphRecord:
     options: dict = dataclasses.field(default_factory=dict)
     freezing: bool = False
     frozen_under_no_grad: bool = False
+    # What the compile of a frozen graph left behind (NOTE: [Frozen graphs in
+    # packages]); filled by capturing_frozen_graph.
+    frozen: Optional[_FrozenCapture] = None
 
 
 _CUSTOM_BACKEND = "custom:"
@@ -305,6 +308,8 @@ def serialize_graph(record: _GraphRecord) -> tuple[bytes, dict[str, bytes]]:
         return _serialize_custom_graph(record), {}
     if record.backend != "inductor":
         raise PackageError(f"backend {record.backend!r} artifacts cannot be packaged")
+    if record.freezing:
+        return _serialize_frozen_graph(record)
     entry = record.aot_entry
     if entry is None:
         raise PackageError(
@@ -321,14 +326,23 @@ def serialize_graph(record: _GraphRecord) -> tuple[bytes, dict[str, bytes]]:
     kernels = _kernel_binaries(fw_blob)
     if bw_blob is not None:
         kernels.update(_kernel_binaries(bw_blob))
-    from torch._inductor.codecache import pick_vec_isa
-
     payload = {
-        "backend": "inductor",
         "entry": entry.serialize() if hasattr(entry, "serialize") else pickle.dumps(entry),
         "fw_graph": fw_blob,
         "bw_graph": bw_blob,
         "aot_config": record.aot_config,
+    }
+    return _inductor_artifact(record, payload), kernels
+
+
+def _inductor_artifact(record: _GraphRecord, payload: dict) -> bytes:
+    """An Inductor graph's artifact: ``payload`` (its entry and compiled graphs)
+    with the graph module's parameters, the CPU ISA and the extern kernels."""
+    from torch._inductor.codecache import pick_vec_isa
+
+    payload = {
+        "backend": "inductor",
+        **payload,
         "params": {
             name: t.detach()
             for name, t in [
@@ -337,11 +351,281 @@ def serialize_graph(record: _GraphRecord) -> tuple[bytes, dict[str, bytes]]:
             ]
         },
         "vec_isa": str(pick_vec_isa()),
-        "extern_kernels": _extern_kernels(fw_blob, bw_blob),
+        "extern_kernels": _extern_kernels(payload["fw_graph"], payload["bw_graph"]),
     }
     buf = io.BytesIO()
     torch.save(payload, buf)
-    return buf.getvalue(), kernels
+    return buf.getvalue()
+
+
+# NOTE: [Frozen graphs in packages]
+# Under torch.no_grad() with Inductor's freezing on, compile_fx hands the
+# AOTAutograd inference graph to fw_compiler_freezing: the parameters Dynamo
+# marked static become constants (folded: conv+bn, transposed or packed linear
+# weights), the graph is compiled without them, and a wrapper passes only the
+# arguments that were kept (preserved_arg_indices). 2.7.1's AOTAutograd cache
+# bypasses every graph compiled with freezing on, and its FX graph cache
+# stores a frozen graph's constants by NAME only (taking the values from the
+# graph module at load), so neither cache holds what a package needs. While
+# the backend compiles a graph with freezing on, capturing_frozen_graph
+# records what AOTAutograd and the freezing compiler built (AOTAutograd's
+# config, dispatch wrappers and runtime metadata, the frozen graph module and
+# the freezing wrapper); the package then saves an AOTAutograd inference
+# entry, written the way aot_dispatch_base would write one, whose forward is
+# the frozen CompiledFxGraph with its constants VALUES and the kept argument
+# indices. At load the entry's post-compile wrappers are rebuilt as for any
+# packaged Inductor graph, around the frozen graph with its saved constants.
+#
+# Refused at save, naming why: a frozen graph whose constants include MKLDNN
+# tensors (Inductor's cpp.weight_prepack on CPU packs conv and linear weights
+# into them; they cannot be serialized, and 2.7.1's FX graph cache bypasses
+# such graphs), a frozen graph of tensor subclasses, and freezing in grad mode
+# (Inductor does not freeze there, and AOTAutograd keeps no entry).
+#
+# NOTE: [Parameters of frozen packages]
+# A frozen graph computes with the parameter values it was saved with. Dynamo
+# freezes the parameters of the module it compiles as attributes of its graph
+# (guarded by identity in the compiling process, which a fresh process cannot
+# check), so the loaded graph never reads the live module's parameters. The
+# package therefore records the parameter values the constants were folded
+# from, and the first call after a load compares them with the module the
+# package was loaded for (CompilePackage's compiled module): any difference
+# and the load is refused with a PackageError naming the parameter, never a
+# silently wrong result. Compared once per graph (on its first call); a
+# parameter changed in place after that first call is, as in a compiled frozen
+# model in any process, not seen (freezing's contract).
+
+
+@dataclasses.dataclass
+class _FrozenCapture:
+    """What compiling one graph with freezing on left behind, for its package."""
+
+    aot_config: Any = None
+    dispatch_wrappers: Any = None
+    maybe_subclass_meta: Any = None
+    fw_metadata: Any = None
+    frozen_gm: Any = None
+    freezing_wrapper: Any = None
+    # Dynamo graph attribute -> the source it was read from (L['self']...).
+    param_sources: dict = dataclasses.field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def capturing_frozen_graph(record: _GraphRecord):
+    """While Inductor compiles ``record``'s graph, record what freezing built.
+
+    2.7.1 offers no hook there: the three functions below are looked up as
+    module globals at each compile, so they are wrapped for the duration of
+    this one (Dynamo compiles one frame at a time)."""
+    from torch._functorch._aot_autograd import jit_compile_runtime_wrappers as dispatch
+    from torch._inductor import compile_fx
+
+    capture = record.frozen = _FrozenCapture()
+    create_wrappers = dispatch._create_wrappers_for_dispatch
+    base_graph = dispatch.aot_dispatch_base_graph
+    freezing_compiler = compile_fx.fw_compiler_freezing
+
+    def recording_create_wrappers(needs_autograd):
+        wrappers = create_wrappers(needs_autograd)
+        capture.dispatch_wrappers = wrappers
+        return wrappers
+
+    def recording_base_graph(flat_fn, flat_args, aot_config, *args, **kwargs):
+        result = base_graph(flat_fn, flat_args, aot_config, *args, **kwargs)
+        capture.aot_config = aot_config
+        capture.maybe_subclass_meta = result[2]
+        return result
+
+    def recording_freezing_compiler(aot_autograd_model, *args, **kwargs):
+        capture.fw_metadata = torch._guards.TracingContext.get().fw_metadata
+        wrapper = freezing_compiler(aot_autograd_model, *args, **kwargs)
+        # freeze() folds the constants into this very graph module.
+        capture.frozen_gm = aot_autograd_model
+        capture.freezing_wrapper = wrapper
+        return wrapper
+
+    dispatch._create_wrappers_for_dispatch = recording_create_wrappers
+    dispatch.aot_dispatch_base_graph = recording_base_graph
+    compile_fx.fw_compiler_freezing = recording_freezing_compiler
+    try:
+        yield capture
+    finally:
+        dispatch._create_wrappers_for_dispatch = create_wrappers
+        dispatch.aot_dispatch_base_graph = base_graph
+        compile_fx.fw_compiler_freezing = freezing_compiler
+
+
+def _freezing_wrapper_state(wrapper) -> dict[str, Any]:
+    """The compiled graph and kept-argument bookkeeping fw_compiler_freezing's
+    wrapper closes over (2.7.1's names)."""
+    names = ("optimized_function", "preserved_arg_indices", "unwrapped_args_offsets", "max_offset_idx")
+    code = getattr(wrapper, "__code__", None)
+    cells = dict(zip(code.co_freevars, wrapper.__closure__ or ())) if code else {}
+    if any(name not in cells for name in names):
+        raise PackageError(
+            "options={'freezing': True}: Inductor's freezing compiler returned "
+            f"{type(wrapper).__name__}, not the wrapper this torch's packages know"
+        )
+    return {name: cells[name].cell_contents for name in names}
+
+
+def _frozen_constants(capture: _FrozenCapture, graph) -> dict[str, torch.Tensor]:
+    from torch._inductor.output_code import CompiledFxGraphConstantsWithGm
+
+    constants = CompiledFxGraphConstantsWithGm(capture.frozen_gm).unwrap(graph)
+    packed = sorted(name for name, t in constants.items() if t.is_mkldnn)
+    if packed or getattr(graph, "_fx_graph_cache_key", None) is None:
+        reason = (
+            f"its constants {', '.join(packed)} are MKLDNN tensors (Inductor option "
+            "cpp.weight_prepack packs weights on CPU), which cannot be serialized; "
+            "compile with options={'freezing': True, 'cpp.weight_prepack': False} to package it"
+            if packed
+            else "Inductor's FX graph cache did not store it"
+        )
+        raise PackageError(f"options={{'freezing': True}}: the frozen graph cannot be packaged: {reason}")
+    return {name: t.detach() for name, t in constants.items()}
+
+
+def _serialize_frozen_graph(record: _GraphRecord) -> tuple[bytes, dict[str, bytes]]:
+    """A frozen Inductor graph (NOTE: [Frozen graphs in packages])."""
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCacheEntry, CompiledForward
+
+    capture = record.frozen
+    if capture is None or capture.freezing_wrapper is None or capture.aot_config is None:
+        raise PackageError("options={'freezing': True}: the frozen graph's compile was not recorded")
+    if capture.maybe_subclass_meta is not None:
+        raise PackageError(
+            "options={'freezing': True}: a frozen graph of tensor subclasses cannot be packaged"
+        )
+    state = _freezing_wrapper_state(capture.freezing_wrapper)
+    graph = state.pop("optimized_function")
+    constants = _frozen_constants(capture, graph)
+    entry = AOTAutogradCacheEntry(
+        compiled_fw=CompiledForward(graph._fx_graph_cache_key),
+        compiled_bw=None,
+        aot_joint_graph_str=None,
+        aot_forward_graph_str=None,
+        aot_backward_graph_str=None,
+        runtime_metadata=capture.fw_metadata,
+        dispatch_wrappers=capture.dispatch_wrappers,
+        maybe_subclass_meta=None,
+        num_fw_outs_saved_for_bw=None,
+        indices_of_inps_to_detach=[],
+        forward_time_taken_ns=0,
+        backward_time_taken_ns=0,
+    )
+    fw_blob = _compiled_fx_graph_blob(graph._fx_graph_cache_key)
+    payload = {
+        "entry": pickle.dumps(entry),
+        "fw_graph": fw_blob,
+        "bw_graph": None,
+        "aot_config": _aot_config_fields(capture.aot_config),
+        "frozen": {**state, "constants": constants, "parameters": _frozen_parameters(record)},
+    }
+    return _inductor_artifact(record, payload), _kernel_binaries(fw_blob)
+
+
+def _aot_config_fields(aot_config) -> dict:
+    """The AOTConfig fields a packaged graph's post-compile wrappers read."""
+    return {
+        "num_params_buffers": aot_config.num_params_buffers,
+        "keep_inference_input_mutations": aot_config.keep_inference_input_mutations,
+        "is_export": aot_config.is_export,
+        "no_tangents": aot_config.no_tangents,
+        "dynamic_shapes": aot_config.dynamic_shapes,
+        "static_input_indices": aot_config.static_input_indices,
+        "pre_dispatch": aot_config.pre_dispatch,
+    }
+
+
+class _FrozenForward:
+    """fw_compiler_freezing's wrapper again: the frozen graph called with the
+    arguments it kept (boxed, as AOTAutograd calls it)."""
+
+    def __init__(self, graph, preserved_arg_indices, unwrapped_args_offsets, max_offset_idx) -> None:
+        # An instance attribute: AOTAutograd's wrappers copy __dict__ (functools.wraps).
+        self._boxed_call = True
+        self.graph = graph
+        self.preserved_arg_indices = preserved_arg_indices
+        self.unwrapped_args_offsets = unwrapped_args_offsets
+        self.max_offset_idx = max_offset_idx
+
+    def __call__(self, args: list) -> Any:
+        offsets, last = self.unwrapped_args_offsets, self.max_offset_idx
+        kept = [args[i - offsets[min(i, last)]] for i in self.preserved_arg_indices]
+        args.clear()
+        return self.graph(kept)
+
+
+_LOCAL_ROOT = re.compile(r"^L\['(\w+)'\]")
+_SOURCE_STEP = re.compile(r"^(?:\._(?:modules|parameters|buffers)\['([\w.]+)'\]|\.(\w+))")
+
+
+def _module_path(source_name: str) -> Optional[str]:
+    """``L['self']._modules['conv']._parameters['weight']`` -> ``conv.weight``:
+    the path of a parameter under the compiled module, or None."""
+    root = _LOCAL_ROOT.match(source_name)
+    if root is None:
+        return None
+    rest, parts = source_name[root.end() :], []
+    while rest:
+        step = _SOURCE_STEP.match(rest)
+        if step is None:
+            return None
+        parts.append(step.group(1) or step.group(2))
+        rest = rest[step.end() :]
+    return ".".join(parts) or None
+
+
+def _frozen_parameters(record: _GraphRecord) -> dict[str, torch.Tensor]:
+    """The values the frozen constants were folded from, by their path under the
+    compiled module (NOTE: [Parameters of frozen packages])."""
+    sources = record.frozen.param_sources
+    parameters = {}
+    for name, t in [
+        *record.gm.named_parameters(remove_duplicate=False),
+        *record.gm.named_buffers(remove_duplicate=False),
+    ]:
+        path = _module_path(sources.get(name, ""))
+        if path is None:
+            raise PackageError(
+                f"options={{'freezing': True}}: the frozen graph folded {sources.get(name, name)}, "
+                "which is not a parameter or buffer of the compiled module; a loaded package "
+                "could not check it against the module it runs for"
+            )
+        parameters[path] = t.detach()
+    return parameters
+
+
+def check_frozen_parameters(graph, module: Optional[torch.nn.Module], name: str) -> None:
+    """Refuse a frozen graph whose folded parameters differ from ``module``'s
+    (NOTE: [Parameters of frozen packages])."""
+    frozen = getattr(graph, "payload", {}).get("frozen")
+    if frozen is None or not frozen["parameters"]:
+        return
+    if module is None:
+        raise PackageError(
+            f"packaged graph {name} is frozen (options={{'freezing': True}}) and this load "
+            "has no module to check its parameters against: load it with "
+            "torch.compile(module, package=...).load_package()"
+        )
+    live = dict(module.named_parameters(remove_duplicate=False))
+    live.update(module.named_buffers(remove_duplicate=False))
+    for path, value in frozen["parameters"].items():
+        current = live.get(path)
+        if (
+            current is None
+            or current.shape != value.shape
+            or current.dtype != value.dtype
+            or not torch.equal(current.detach(), value)
+        ):
+            raise PackageError(
+                f"packaged graph {name} was frozen (options={{'freezing': True}}) from other "
+                f"values of {path!r} than the module it was loaded for has: its constants were "
+                "folded from the saved values; compile again (and save a new package) after "
+                "changing parameters"
+            )
+
 
 
 class _KernelRedirect:
@@ -379,6 +663,34 @@ class _KernelRedirect:
             cls.load_pybinding_async = original
 
 
+def _frozen_loadable(original, blob: bytes, frozen: dict, extern_kernel_refs, redirect):
+    """The forward of a frozen graph's entry: its CompiledFxGraph with the saved
+    constants, behind the kept-argument wrapper (NOTE: [Frozen graphs in packages])."""
+    from torch._functorch._aot_autograd.autograd_cache import CompiledForward
+    from torch._inductor.output_code import CompiledFxGraphConstants
+
+    class _SavedConstants(CompiledFxGraphConstants):
+        def unwrap(self, g) -> dict[str, torch.Tensor]:
+            return frozen["constants"]
+
+    class _EmbeddedFrozen(CompiledForward):
+        def load(self, example_inputs, fx_config):
+            graph = pickle.loads(blob)
+            constants = _SavedConstants()
+            _register_extern_kernels(extern_kernel_refs)
+            with redirect.active():
+                graph.after_deserialization(constants)
+            graph.post_compile(example_inputs, fx_config["cudagraphs"], constants)
+            return _FrozenForward(
+                graph,
+                frozen["preserved_arg_indices"],
+                frozen["unwrapped_args_offsets"],
+                frozen["max_offset_idx"],
+            )
+
+    return _EmbeddedFrozen(original.fx_graph_cache_key)
+
+
 class _PackagedInductorGraph:
     """A compiled Inductor graph rebuilt from a package on its first call."""
 
@@ -413,7 +725,13 @@ class _PackagedInductorGraph:
             fields = {f.name: getattr(original, f.name) for f in dataclasses.fields(base)}
             return _Embedded(**fields)
 
-        entry.compiled_fw = loadable(CompiledForward, entry.compiled_fw, self.payload["fw_graph"])
+        frozen = self.payload.get("frozen")
+        if frozen is not None:
+            entry.compiled_fw = _frozen_loadable(
+                entry.compiled_fw, self.payload["fw_graph"], frozen, extern_kernel_refs, redirect
+            )
+        else:
+            entry.compiled_fw = loadable(CompiledForward, entry.compiled_fw, self.payload["fw_graph"])
         if entry.compiled_bw is not None:
             entry.compiled_bw = loadable(
                 CompiledBackward, entry.compiled_bw, self.payload["bw_graph"]

@@ -1,0 +1,231 @@
+# Owner(s): ["module: dynamo"]
+"""Compile packages of frozen models: Inductor's freezing under torch.no_grad().
+
+Every case is saved by one interpreter and loaded by a FRESH one with an empty
+TORCHINDUCTOR_CACHE_DIR under torch.compiler.set_stance("fail_on_recompile").
+A frozen graph (parameters folded into constants: conv+bn folded, linear
+weights transposed) loads with zero recompiles and eager's outputs; the
+manifest says the package is frozen; a package loaded for a module whose
+parameters changed is refused (NOTE: [Parameters of frozen packages] in
+torch/_dynamo/package_artifacts.py); what cannot be packaged is refused at save
+with a warning naming why.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch._dynamo.test_case
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+)
+
+
+FREEZING_RUNNER = r'''
+import io, json, os, sys, warnings
+import torch
+import torch._inductor.config as inductor_config
+
+CASES = {CASES}
+
+
+class ConvBN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.bn = torch.nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear1 = torch.nn.Linear(16, 32)
+        self.linear2 = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.linear2(torch.relu(self.linear1(x)))
+
+
+def drop_tensor_identity_guards(entries):
+    # Freezing guards the parameters it folds by identity, which no other
+    # process can check; the package checks their values at load instead.
+    return [not (e.guard_type == "ID_MATCH" and isinstance(e.value, torch.Tensor)) for e in entries]
+
+
+def make(model):
+    torch.manual_seed(0)
+    module = {"conv_bn": ConvBN, "mlp": MLP}[model]().eval()
+    if model == "conv_bn":
+        with torch.no_grad():
+            module.bn.running_mean.uniform_(-1, 1)
+            module.bn.running_var.uniform_(0.5, 2.0)
+            module.bn.weight.uniform_(0.5, 1.5)
+        return module, torch.randn(2, 3, 10, 10)
+    return module, torch.randn(4, 16)
+
+
+def frozen_constants(package):
+    graphs = os.path.join(package, "graphs")
+    count = 0
+    for name in os.listdir(graphs) if os.path.isdir(graphs) else ():
+        with open(os.path.join(graphs, name), "rb") as f:
+            payload = torch.load(io.BytesIO(f.read()), weights_only=False)
+        count += len(payload.get("frozen", {}).get("constants", {}))
+    return count
+
+
+mode, where = sys.argv[1:3]
+report = {}
+for name, case in CASES.items():
+    torch._dynamo.reset()
+    inductor_config.freezing = case["global_freezing"]
+    inductor_config.cpp.weight_prepack = case["weight_prepack"]
+    module, x = make(case["model"])
+    options = dict(case.get("options", {}))
+    if case.get("drop_identity_guards"):
+        options["guard_filter_fn"] = drop_tensor_identity_guards
+    package = os.path.join(where, name)
+    compiled = torch.compile(module, package=package, options=options)
+    got = {}
+    if mode == "save":
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter("always")
+            compiled(x)
+            compiled.save_package()
+        got["warnings"] = [str(w.message) for w in caught if "package" in str(w.message)]
+        with open(os.path.join(package, "manifest.json")) as f:
+            manifest = json.load(f)
+        got["entries"] = manifest["entries"]
+        got["frozen"] = manifest.get("frozen")
+        got["frozen_constants"] = frozen_constants(package)
+    else:
+        from torch._dynamo.utils import counters
+
+        if case.get("change_at_load"):
+            with torch.no_grad():
+                dict(module.named_parameters())[case["change_at_load"]].mul_(1.5)
+        counters.clear()
+        with torch.compiler.set_stance("fail_on_recompile"), torch.no_grad():
+            try:
+                compiled.load_package()
+                got["same"] = bool(torch.allclose(compiled(x), module(x), atol=1e-5))
+            except Exception as e:
+                got["error"] = f"{type(e).__name__}: {e}"[:600]
+        got["traced_graphs"] = counters["stats"]["unique_graphs"]
+    report[name] = got
+print("REPORT" + json.dumps(report))
+'''
+
+# Frozen with Inductor's global freezing flag, the way CPU inference sets it
+# (Dynamo reads torch._inductor.config.freezing when it traces, to fold the
+# parameters it marks static). cpp.weight_prepack off: packed MKLDNN weights
+# cannot be serialized.
+FROZEN = dict(global_freezing=True, weight_prepack=False, drop_identity_guards=True)
+
+ROUND_TRIP_CASES = {
+    "conv_bn": dict(FROZEN, model="conv_bn"),
+    "mlp": dict(FROZEN, model="mlp"),
+    # options={"freezing": True} alone: 2.7.1's Dynamo does not see the option
+    # when it traces, so no parameter is folded (they stay graph inputs), but
+    # Inductor compiles the graph with its freezing compiler all the same.
+    "mlp_freezing_option": dict(
+        model="mlp",
+        global_freezing=False,
+        weight_prepack=False,
+        options={"freezing": True},
+        change_at_load="linear1.weight",
+    ),
+}
+
+CHANGED_PARAMETER_CASES = {
+    "conv_bn_changed_conv_weight": dict(FROZEN, model="conv_bn", change_at_load="conv.weight"),
+    "mlp_changed_linear2_bias": dict(FROZEN, model="mlp", change_at_load="linear2.bias"),
+}
+
+# name -> (case, what the save warning names)
+REFUSED_CASES = {
+    "weight_prepack": (
+        dict(FROZEN, model="conv_bn", weight_prepack=True),
+        "cpp.weight_prepack",
+    ),
+    "identity_guards": (
+        dict(FROZEN, model="mlp", drop_identity_guards=False),
+        "ID_MATCH",
+    ),
+}
+
+
+class TestPackageFreezing(torch._dynamo.test_case.TestCase):
+    reports: dict = {}
+
+    def run_cases(self, cases):
+        key = tuple(sorted(cases))
+        if key in TestPackageFreezing.reports:
+            return TestPackageFreezing.reports[key]
+        where = Path(tempfile.mkdtemp(prefix="package-freezing-"))
+        self.addCleanup(shutil.rmtree, where, True)
+        source = FREEZING_RUNNER.replace("{CASES}", repr(cases))
+        reports = {}
+        for mode in ("save", "load"):
+            proc = subprocess.run(
+                [sys.executable, "-c", source, mode, str(where)],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(dir=where)},
+                cwd=where,
+            )
+            lines = [l for l in proc.stdout.splitlines() if l.startswith("REPORT")]
+            if proc.returncode != 0 or not lines:
+                self.fail(f"{mode} process failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+            reports[mode] = json.loads(lines[-1][len("REPORT") :])
+        TestPackageFreezing.reports[key] = reports
+        return reports
+
+    @parametrize("name", list(ROUND_TRIP_CASES))
+    def test_frozen_package_loads_without_recompiling(self, name):
+        reports = self.run_cases(ROUND_TRIP_CASES)
+        saved, loaded = reports["save"][name], reports["load"][name]
+        self.assertEqual((saved["warnings"], saved["entries"]), ([], 1))
+        self.assertTrue(saved["frozen"])
+        if ROUND_TRIP_CASES[name]["global_freezing"]:
+            # the parameters really were folded into constants the package carries
+            self.assertGreater(saved["frozen_constants"], 0)
+        self.assertEqual(
+            (loaded.get("error"), loaded["same"], loaded["traced_graphs"]), (None, True, 0)
+        )
+
+    @parametrize("name", list(CHANGED_PARAMETER_CASES))
+    def test_frozen_package_for_changed_parameters_is_refused(self, name):
+        reports = self.run_cases(CHANGED_PARAMETER_CASES)
+        saved, loaded = reports["save"][name], reports["load"][name]
+        self.assertEqual((saved["entries"], saved["frozen"]), (1, True))
+        self.assertIn("PackageError", loaded.get("error", ""))
+        self.assertIn(repr(CHANGED_PARAMETER_CASES[name]["change_at_load"]), loaded["error"])
+        self.assertNotIn("same", loaded)
+
+    @parametrize("name", list(REFUSED_CASES))
+    def test_frozen_graph_refused_at_save_with_a_warning_naming_why(self, name):
+        cases = {n: case for n, (case, _) in REFUSED_CASES.items()}
+        saved = self.run_cases(cases)["save"][name]
+        self.assertEqual(saved["entries"], 0)
+        self.assertEqual(len(saved["warnings"]), 1, saved["warnings"])
+        self.assertIn(REFUSED_CASES[name][1], saved["warnings"][0])
+        self.assertIn("freezing", saved["warnings"][0])
+
+
+instantiate_parametrized_tests(TestPackageFreezing)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()
