@@ -1039,15 +1039,16 @@ OPTION_CASES = {
     "epilogue_fusion": (dict(options={"epilogue_fusion": False}), True, 0.0),
     "coordinate_descent_tuning": (dict(options={"coordinate_descent_tuning": True}), True, 0.0),
     "custom_backend_options": (dict(backend="shifting", options={"shift": 0.5}), True, 0.5),
+    # frozen inference (more cases, folded constants: test_package_freezing.py)
+    "freezing": (dict(options={"freezing": True}), True, 0.0),
 }
 # Refused at save: the warning names the option.
 REFUSED_OPTION_CASES = {
-    "freezing": (dict(options={"freezing": True}), True, 0.0),
     # with gradients on Inductor does not freeze, but AOTAutograd still caches nothing
     "freezing_with_grad": (dict(options={"freezing": True}), False, 0.0),
     "fx_graph_cache_off": (dict(options={"fx_graph_cache": False}), True, 0.0),
 }
-REFUSED_OPTION_NAMES = {"freezing": "'freezing': True", "freezing_with_grad": "'freezing': True", "fx_graph_cache_off": "'fx_graph_cache': False"}
+REFUSED_OPTION_NAMES = {"freezing_with_grad": "'freezing': True", "fx_graph_cache_off": "'fx_graph_cache': False"}
 
 
 class TestPackageCompileOptions(PackageTestCase):
@@ -1109,8 +1110,8 @@ class TestPackageCompileOptions(PackageTestCase):
 
     def test_option_refused_at_save_is_an_error_with_package_strict(self):
         saved = self.run_options(
-            {"freezing": REFUSED_OPTION_CASES["freezing"]}, PACKAGE_STRICT="1"
-        )["save"]["freezing"]
+            {"freezing_with_grad": REFUSED_OPTION_CASES["freezing_with_grad"]}, PACKAGE_STRICT="1"
+        )["save"]["freezing_with_grad"]
         self.assertIn("PackageError", saved["error"])
         self.assertIn("'freezing': True", saved["error"])
 
