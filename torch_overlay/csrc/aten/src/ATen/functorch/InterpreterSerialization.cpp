@@ -114,7 +114,7 @@ json transformState(const Interpreter& interpreter) {
           FunctionalizeInterpreterPtr(&interpreter).functionalizeAddBackViews();
       break;
     case TransformType::Torch:
-      transformName(TransformType::Torch); // refuses it
+      break; // serializeInterpreter refused it (transformName)
   }
   return state;
 }
@@ -215,13 +215,12 @@ Interpreter interpreterFromState(TransformType type, int64_t level, const json& 
 
 std::string serializeInterpreter(const Interpreter& interpreter) {
   // See NOTE: [Interpreter serialization format]
+  const char* name = transformName(interpreter.key()); // refuses Torch
   json serialized = json::object();
   serialized["type"] = static_cast<int64_t>(interpreter.key());
   serialized["level"] = interpreter.level();
   serialized["is_alive"] = interpreter.is_alive();
-  serialized["meta"] = json::object();
-  serialized["meta"][transformName(interpreter.key())] =
-      transformState(interpreter);
+  serialized["meta"] = json::object({{name, transformState(interpreter)}});
   serialized["savedLocalDispatchKeySet"] = nullptr;
   if (auto keys = savedLocalDispatchKeySet(interpreter)) {
     serialized["savedLocalDispatchKeySet"] = json::object(
