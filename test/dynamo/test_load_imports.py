@@ -30,12 +30,14 @@ import torch._dynamo.test_case
 # inductor-torch.compile-s-Inductor-wrapper-reads-its-config-without-importing-compile_fx
 # and inductor-Generated-wrapper-code-imports-extern_kernels-and-align-from-runtime-modules).
 # Also what the compile side of Dynamo and AOTAutograd imported for one
-# feature each: networkx for one partitioner solver, FSDP2 (and with it
-# torch.distributed.tensor's sharding rules) to recognise one method while
-# tracing (patches functorch-The-partitioner-imports-networkx-only-for-the-dynamic_memory_budget_dp-solver
+# feature each: networkx for one partitioner solver, torch.distributed.fsdp
+# to recognise one FSDP2 method while tracing (patches
+# functorch-The-partitioner-imports-networkx-only-for-the-dynamic_memory_budget_dp-solver
 # and dynamo-The-variable-trackers-look-FSDP2-up-instead-of-importing-it).
 # Dynamo's tracer itself (symbolic_convert, the variable trackers) and sympy
-# are still imported by `import torch._dynamo`: they are not in this list.
+# are still imported by `import torch._dynamo`, and the torch object rule map
+# that torch.compile() and the frame callback consult imports every object it
+# names (torch.onnx, torch.distributed.tensor, ...): they are not in this list.
 COMPILE_ONLY_MODULES = [
     "torch._inductor.compile_fx",
     "torch._inductor.lowering",
