@@ -11,6 +11,9 @@ STAMP := $(VENV)/.torch_overlay-installed
 BUILD := build
 export TORCH_OVERLAY_CACHE_DIR ?= $(abspath $(BUILD))/overlay-cache
 PYTEST_ARGS ?=
+# The behaviour diff (tools/behaviour_diff/): extra arguments in DIFF_ARGS.
+BEHAVIOUR_DIFF := tools/behaviour_diff/diff_upstream.py
+DIFF_ARGS ?=
 
 
 .PHONY: agree-overlay-wheel
@@ -79,12 +82,15 @@ lint: $(LINT_STAMP)
 	$(PY) -m ruff check .
 	$(PY) build_scripts/typecheck.py --view $(BUILD)/typing-view
 
-# The overlay and the patched wheel deliver the same patches: their test outcomes
-# (junit XML of the two runs above) and guard probe decisions must agree.
+# The overlay and the patched wheel deliver the same patches, so they must agree on
+# every test (the junit XML of the two runs below, read back) and every guard and
+# precompile probe decision, by the behaviour diff's one rule (NOTE: [What counts
+# as a disagreement] in tools/behaviour_diff/diff_upstream.py); exit 1 otherwise.
+# Report: $(BUILD)/diff-overlay-wheel/report.md.
 agree-overlay-wheel: test-overlay test-wheel
-	$(PY) build_scripts/compare_junit.py $(BUILD)/junit/overlay.xml $(BUILD)/junit/wheel.xml
-	$(PY) build_scripts/diff_upstream.py --no-tests --out $(BUILD)/diff-overlay-wheel \
-		--envs overlay,wheel --require-agreement overlay,wheel
+	$(PY) $(BEHAVIOUR_DIFF) --out $(BUILD)/diff-overlay-wheel \
+		--envs overlay,wheel --require-agreement overlay,wheel \
+		--junit overlay=$(BUILD)/junit/overlay.xml --junit wheel=$(BUILD)/junit/wheel.xml $(DIFF_ARGS)
 
 test-overlay: venv
 	mkdir -p $(BUILD)/junit
@@ -145,18 +151,18 @@ export: venv
 export-check: export
 	$(PY) build_scripts/export_upstream.py --check --out $(EXPORT_DIR)
 
-# Behaviour diff against upstream (build_scripts/diff_upstream.py): the suite and the
-# guard probe set (build_scripts/guard_probes.py) on stock $(BASE_TORCH), the overlay,
-# the patched wheel (reported as absent when not built) and upstream torch
-# $(UPSTREAM_TORCH) in its own venv. Report: $(DIFF_DIR)/report.md and report.json.
+# Behaviour diff against upstream (tools/behaviour_diff/diff_upstream.py): the suite,
+# the guard probe set (guard_probes.py) and the precompile probes on stock
+# $(BASE_TORCH), the overlay, the patched wheel (reported as absent when not built) and
+# upstream torch $(UPSTREAM_TORCH) in its own venv. Report: $(DIFF_DIR)/report.md and
+# report.json.
 UPSTREAM_TORCH := 2.13.0
 UPSTREAM_VENV := .venv-upstream
 UPSTREAM_PY := $(abspath $(UPSTREAM_VENV))/bin/python
 UPSTREAM_STAMP := $(UPSTREAM_VENV)/.upstream-torch-installed
 DIFF_DIR := $(BUILD)/diff-upstream
-DIFF_ARGS ?=
 
-.PHONY: upstream-venv diff-upstream diff-overlay-wheel
+.PHONY: upstream-venv diff-upstream
 
 $(UPSTREAM_STAMP):
 	test -x $(UPSTREAM_PY) || $(PYTHON_BOOT) -m venv $(UPSTREAM_VENV)
@@ -166,13 +172,7 @@ $(UPSTREAM_STAMP):
 upstream-venv: $(UPSTREAM_STAMP)
 
 diff-upstream: venv wheel-venv upstream-venv
-	$(PY) build_scripts/diff_upstream.py --out $(DIFF_DIR) $(DIFF_ARGS)
-
-# What CI runs: the overlay and the patched wheel apply the same patches, so they must
-# agree on every test and every guard probe decision (exit 1 otherwise).
-diff-overlay-wheel: venv wheel-venv
-	$(PY) build_scripts/diff_upstream.py --out $(BUILD)/diff-overlay-wheel \
-		--envs overlay,wheel --require-agreement overlay,wheel $(DIFF_ARGS)
+	$(PY) $(BEHAVIOUR_DIFF) --out $(DIFF_DIR) $(DIFF_ARGS)
 
 # The README's main job: compile with a package, load it in a fresh process with
 # an empty inductor cache, nothing recompiles.

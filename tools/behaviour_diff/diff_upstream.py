@@ -30,8 +30,12 @@ between overlay and upstream (intended differences recorded in
 ``precompile_probe_expected_differences.json``, any other UNEXPECTED) and
 between overlay and wheel (must be identical, messages included).
 
-``--require-agreement overlay,wheel`` (what CI runs, ``make diff-overlay-wheel``)
-exits 1 when the two environments disagree on any test or probe decision.
+``--require-agreement overlay,wheel`` (what ``make agree-overlay-wheel`` runs, and
+``make test`` with it) exits 1 when the two environments disagree on any test or
+probe decision. ``--junit overlay=PATH`` reads an environment's test outcomes
+from a junit XML an earlier pytest run wrote (``make test``'s own runs) instead
+of running the suite again; the same rule (NOTE: [What counts as a
+disagreement]) decides.
 An environment whose python is missing is reported as absent; it fails the run
 only when ``--require-agreement`` names it. Environments run ``--jobs`` at a time
 (separate processes); ``--reuse`` rebuilds the report from the results already
@@ -68,7 +72,7 @@ from typing import Any, Optional
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = REPO_ROOT / "build" / "diff-upstream"
 EXPECTED_DIFFERENCES = HERE / "guard_probe_expected_differences.json"
@@ -262,6 +266,30 @@ def reuse_pytest(environment: Environment, out_dir: Path) -> dict:
     result = json.loads(meta.read_text())
     result["tests"] = parse_junit(junit)
     return result
+
+
+def read_junit_run(junit: Path) -> dict:
+    """The test outcomes of a pytest run that wrote ``junit`` (``--junit``)."""
+    if not junit.exists():
+        return {"status": "did not run", "detail": f"--junit: no {junit}", "seconds": 0}
+    tests = parse_junit(junit)
+    return {
+        "status": "ran",
+        "summary": f"{len(tests)} tests read from {junit}",
+        "seconds": 0,
+        "tests": tests,
+    }
+
+
+def parse_junit_args(values: list[str]) -> dict[str, Path]:
+    """``LABEL=PATH`` pairs of ``--junit``."""
+    out = {}
+    for value in values:
+        label, sep, path = value.partition("=")
+        if not sep or not label or not path:
+            raise argparse.ArgumentTypeError(f"--junit {value!r}: expected LABEL=PATH")
+        out[label] = Path(path)
+    return out
 
 
 def reuse_probes(environment: Environment, out_dir: Path) -> dict:
@@ -805,6 +833,7 @@ def git_state() -> dict:
 
     tracked = [
         REPO_ROOT / "torch_overlay" / "_dynamo" / "guard_serialization.py",
+        REPO_ROOT / "torch_overlay" / "_dynamo" / "guard_serialization_codecs.py",
         *sorted((REPO_ROOT / "patches").rglob("*.patch")),
     ]
     return {
@@ -876,8 +905,7 @@ def build_report(args, environments, infos, test_runs, probe_runs, started) -> d
         pairs.append((("overlay", "wheel"), False))
     for (a, b), required in pairs:
         entry: dict[str, Any] = {"pair": [a, b], "required": required}
-        # With --no-tests (make test compares the suite's junit XML itself) only
-        # the probes are compared here.
+        # With --no-tests only the probes are compared.
         missing = [
             x for x in (a, b) if args.tests and (test_runs.get(x) or {}).get("status") != "ran"
         ]
@@ -971,7 +999,7 @@ def render_precompile(report: dict) -> list[str]:
         render_versus_upstream(
             add,
             "Precompile probes",
-            "Each probe (build_scripts/precompile_probes.py) saves in one fresh process and "
+            "Each probe (tools/behaviour_diff/precompile_probes.py) saves in one fresh process and "
             "loads in another with an empty inductor cache dir (caching_precompile: only "
             "the dynamo/ folder carried over), then runs its steps under "
             "set_stance('fail_on_recompile') unless a step says otherwise.",
@@ -1096,7 +1124,7 @@ def render_markdown(report: dict) -> str:
                 parts.append(f"{len(entry['probes'])} probe results disagree")
             if entry.get("precompile"):
                 parts.append(f"{len(entry['precompile'])} precompile probe results disagree")
-            gate = "" if entry["required"] else " (informational here; `make diff-overlay-wheel` gates on it)"
+            gate = "" if entry["required"] else " (informational here; `make agree-overlay-wheel` gates on it)"
             add(f"- **{a} vs {b}: DISAGREE**{gate}: {'; '.join(parts)}.")
     bugs = report.get("probe_bugs", [])
     add(
@@ -1298,6 +1326,14 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--no-tests", dest="tests", action="store_false", help="skip the pytest runs")
     parser.add_argument(
+        "--junit",
+        action="append",
+        default=[],
+        metavar="LABEL=PATH",
+        help="read this environment's test outcomes from a junit XML instead of running "
+        "the suite (repeatable)",
+    )
+    parser.add_argument(
         "--no-probes", dest="probes", action="store_false", help="skip the guard and precompile probes"
     )
     parser.add_argument(
@@ -1343,6 +1379,12 @@ def main(argv=None) -> int:
     for a, b in args.require_agreement:
         if a not in wanted or b not in wanted:
             parser.error(f"--require-agreement {a},{b} names an environment not in --envs")
+    try:
+        args.junit = parse_junit_args(args.junit)
+    except argparse.ArgumentTypeError as e:
+        parser.error(str(e))
+    if any(label not in wanted for label in args.junit):
+        parser.error(f"--junit names an environment not in --envs: {sorted(args.junit)}")
 
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -1355,7 +1397,9 @@ def main(argv=None) -> int:
         if info["status"] != "ok":
             return
         if args.tests:
-            if args.reuse:
+            if label in args.junit:
+                test_runs[label] = read_junit_run(args.junit[label])
+            elif args.reuse:
                 test_runs[label] = reuse_pytest(environment, args.out)
             else:
                 test_runs[label] = run_pytest(
