@@ -178,6 +178,7 @@ imported_torch = time.time()
 import torch._dynamo
 import torch._dynamo.guards as guards_module
 import torch._dynamo.package as package_module
+import torch._dynamo.package_artifacts as artifacts_module
 imported_dynamo = time.time()
 sys.path.insert(0, {bench!r})
 import models
@@ -194,7 +195,7 @@ class TimedCheckFunctionManager(base_manager):
 
 
 guards_module.CheckFunctionManager = TimedCheckFunctionManager
-hydrate = package_module._PackagedInductorGraph._hydrate
+hydrate = artifacts_module._PackagedInductorGraph._hydrate
 
 
 def timed_hydrate(self, full_args):
@@ -205,7 +206,7 @@ def timed_hydrate(self, full_args):
         timed["hydrate_s"] += time.perf_counter() - started
 
 
-package_module._PackagedInductorGraph._hydrate = timed_hydrate
+artifacts_module._PackagedInductorGraph._hydrate = timed_hydrate
 load_files = package_module.CompilePackage.load_files
 stats = []
 
