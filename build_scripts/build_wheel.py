@@ -37,8 +37,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from torch_overlay._overlay import materialize, series  # noqa: E402
-from torch_overlay._overlay.errors import OverlayError  # noqa: E402
+from torch_overlay._overlay import materialize, series
+from torch_overlay._overlay.errors import OverlayError
 
 
 log = logging.getLogger(__name__)
@@ -172,14 +172,14 @@ def stamp_version(root: Path, version: str) -> None:
 
     metadata = new_dist_info / "METADATA"
     headers, sep, body = metadata.read_text(encoding="utf-8").partition("\n\n")
-    headers, count = re.subn(r"^Version: .*$", f"Version: {version}", headers, count=1, flags=re.M)
+    headers, count = re.subn(r"^Version: .*$", f"Version: {version}", headers, count=1, flags=re.MULTILINE)
     if count != 1:
         raise OverlayError(f"no Version header in {metadata}")
     metadata.write_text(headers + sep + body, encoding="utf-8")
 
     version_py = root / DIST_NAME / "version.py"
     text, count = re.subn(
-        r"^__version__\s*=.*$", f"__version__ = {version!r}", version_py.read_text(), count=1, flags=re.M
+        r"^__version__\s*=.*$", f"__version__ = {version!r}", version_py.read_text(), count=1, flags=re.MULTILINE
     )
     if count != 1:
         raise OverlayError(f"no __version__ in {version_py}")

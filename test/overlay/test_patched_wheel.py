@@ -103,10 +103,10 @@ class TestPatchedWheel(TestCase):
         self.assertEqual(dist_infos, {self.dist_info})
         metadata = self.read(f"{self.dist_info}/METADATA").decode()
         headers = metadata.partition("\n\n")[0]
-        self.assertEqual(re.findall(r"^Version: (.*)$", headers, re.M), [VERSION])
+        self.assertEqual(re.findall(r"^Version: (.*)$", headers, re.MULTILINE), [VERSION])
         version_py = self.read("torch/version.py").decode()
         self.assertEqual(
-            re.findall(r"^__version__\s*=\s*['\"]([^'\"]*)['\"]", version_py, re.M),
+            re.findall(r"^__version__\s*=\s*['\"]([^'\"]*)['\"]", version_py, re.MULTILINE),
             [VERSION],
         )
         self.assertRegex(version_py, r"(?m)^git_version\s*=")

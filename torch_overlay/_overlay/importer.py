@@ -68,7 +68,7 @@ def find_torch() -> tuple[Path, str]:
     match = None
     if version_file.exists():
         match = re.search(
-            r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", version_file.read_text(), re.M
+            r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", version_file.read_text(), re.MULTILINE
         )
     version = match.group(1) if match else "unknown"
     return torch_dir.parent, version
