@@ -148,8 +148,16 @@ EXPORT_DIR := $(BUILD)/upstream-export
 export: venv
 	$(PY) build_scripts/export_upstream.py --out $(EXPORT_DIR)
 
+# export-check: the series applies (git apply, git am) to the pristine sources, and
+# every prefix of it is bisectable: pristine 2.7.1 + that prefix imports torch and
+# the modules it adds, and passes the tests it adds, with the overlay off. The last
+# prefix's tests are skipped there by default: that tree is what test-overlay runs
+# (NOTE: [Bisecting the export] in build_scripts/export_bisect.py);
+# EXPORT_PREFIX_TESTS=all runs them too, none checks imports only.
+EXPORT_PREFIX_TESTS ?= skip-last
+
 export-check: export
-	$(PY) build_scripts/export_upstream.py --check --out $(EXPORT_DIR)
+	$(PY) build_scripts/export_upstream.py --check --out $(EXPORT_DIR) --prefix-tests $(EXPORT_PREFIX_TESTS)
 
 # Behaviour diff against upstream (tools/behaviour_diff/diff_upstream.py): the suite,
 # the guard probe set (guard_probes.py) and the precompile probes on stock

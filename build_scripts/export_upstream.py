@@ -1,28 +1,28 @@
 """Export the patch set as a ``git am`` series for the pytorch repository at its base tag.
 
 The export is what an upstream reviewer applies: ``git am`` on a pytorch checkout
-at ``v<base>`` (``torch_overlay/_overlay/base_version.txt``). It is built in a
-scratch git repository whose first commit is the installed torch's pristine Python
-sources at ``torch/`` (tag ``overlay-base``), on top of which come
-
-1. every patch of ``patches/v<base>/series``, ``git am``'d unchanged (they already
-   use ``a/torch/...`` ``b/torch/...`` paths);
-2. one commit adding the mirrored new modules (``torch_overlay/X/y.py`` becomes
-   ``torch/X/y.py``), skipped when there are none;
-3. one commit adding the new C++ files of ``torch_overlay/csrc/`` at their paths
-   there (``torch_overlay/csrc/aten/src/...`` is ``aten/src/...``), followed by the
-   changes to existing C++ files (``torch_overlay/csrc/<path>.patch``; see NOTE:
-   [C++ in the upstream export]);
-4. one commit adding the project's upstream-style tests at their upstream paths
-   (``test/dynamo/...``), without the overlay machinery's own tests.
+at ``v<base>`` (``torch_overlay/_overlay/base_version.txt``), one commit per
+upstream pull request. It is built in a scratch git repository whose first commit
+is the installed torch's pristine Python sources at ``torch/`` (tag
+``overlay-base``). The patches of ``patches/v<base>/series`` are grouped into
+commits by the pull request their DEP-3 Origin line cites (see NOTE: [One commit
+per upstream PR]); each commit also adds the new files the ownership file
+``patches/v<base>/export.toml`` declares for its patches: mirrored new modules
+(``torch_overlay/X/y.py`` becomes ``torch/X/y.py``), upstream-style tests
+(``test/dynamo/...``) and C++ (``torch_overlay/csrc/<path>`` is ``<path>``,
+``torch_overlay/csrc/<path>.patch`` changes ``<path>``; see NOTE: [C++ in the
+upstream export]). The message of each commit is upstream PR style: a tagged
+title, the summary, and a Test Plan naming the tests it adds; the DEP-3 headers
+stay in patches/.
 
 ``overlay-base..HEAD`` is then written with ``git format-patch`` into ``--out`` as
 numbered ``NNNN-*.patch`` files, with a ``series`` file and a ``README.txt``.
 
 ``--check`` (what CI runs after the export) applies the exported series to a plain
-copy of the pristine sources with ``git apply``, one patch at a time, and then
-``git am``'s it onto a fresh repository of the same sources, failing with a message
-naming the first patch that does not apply.
+copy of the pristine sources with ``git apply``, one patch at a time, then ``git
+am``'s it onto a fresh repository of the same sources, and then proves every prefix
+of it bisectable (build_scripts/export_bisect.py): torch imports with it, so do the
+modules it adds, and the tests it adds pass.
 
 # NOTE: [Upstream export base]
 # The base is the installed torch wheel's Python sources, not a pytorch git tree
@@ -37,17 +37,22 @@ naming the first patch that does not apply.
 from __future__ import annotations
 
 import argparse
-import datetime
+import dataclasses
 import logging
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 from torch_overlay._overlay import importer, series, workflow
 from torch_overlay._overlay.errors import OverlayError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import export_bisect
 
 
 log = logging.getLogger(__name__)
@@ -55,24 +60,30 @@ log = logging.getLogger(__name__)
 DEFAULT_OUT = series.REPO_ROOT / "build" / "upstream-export"
 TEST_DIR = series.REPO_ROOT / "test"
 CSRC_DIR = series.PACKAGE_DIR / "csrc"
+# The ownership file, next to the series it describes.
+OWNERSHIP_FILE = "export.toml"
 # Under test/ but not upstream material: the overlay machinery's tests (import
 # hook, cache, this export) and the conftest that checks which torch is served.
 TEST_EXCLUDED = ("overlay", "conftest.py")
-# Who commits in the scratch repositories; authorship of the generated commits is
-# taken from the series (see _generated_commit_env).
+# What the ownership file may declare per patch, and per pull request.
+FILE_KINDS = ("modules", "tests", "csrc")
+PR_FIELDS = ("title", "summary")
+# Upstream's subsystem tags; every exported title starts with one.
+TITLE_TAGS = ("[dynamo]", "[functorch]", "[aotautograd]", "[inductor]")
+# DEP-3 (https://dep-team.pages.debian.net/deps/dep3/) header fields: the patch
+# bookkeeping of patches/, never part of an exported message.
+DEP3_LINE = re.compile(
+    r"^(Description|Subject|Origin|Bug(-[A-Za-z]+)?|Forwarded|Author|From|"
+    r"Reviewed-by|Acked-by|Last-Update|Applied-Upstream):"
+)
+# A pull request an Origin line cites: ".../pytorch/pytorch/pull/NNN" or "pytorch#NNN"
+# (issues, ".../issues/NNN", are not pull requests).
+ORIGIN_PR = re.compile(r"github\.com/pytorch/pytorch/pull/(\d+)|\bpytorch#(\d+)")
+# Who commits in the scratch repositories; authorship comes from the patches.
 _COMMITTER = {
     "GIT_COMMITTER_NAME": "torch_overlay",
     "GIT_COMMITTER_EMAIL": "torch_overlay@localhost",
 }
-_FALLBACK_AUTHOR = ("torch_overlay maintainers", "torch_overlay@localhost")
-
-
-def _export_date() -> datetime.datetime:
-    # SOURCE_DATE_EPOCH makes the generated commits (and so the export) reproducible.
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    if epoch:
-        return datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc)
-    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
 
 
 def _pristine_torch() -> tuple[Path, str]:
@@ -82,82 +93,20 @@ def _pristine_torch() -> tuple[Path, str]:
     return torch_root / "torch", torch_version
 
 
-def _git_am(repo: Path, patches: list[Path]) -> None:
+def _git_am(repo: Path, patches: list[Path], exclude: list[str] = ()) -> None:
     # --keep-non-patch: the subject keeps its "[dynamo]" tag; only "[PATCH n/m]" goes.
     workflow.git(
-        ["am", "-q", "--keep-non-patch", "--committer-date-is-author-date", *map(str, patches)],
+        [
+            "am",
+            "-q",
+            "--keep-non-patch",
+            "--committer-date-is-author-date",
+            *(f"--exclude={rel}" for rel in exclude),
+            *map(str, patches),
+        ],
         repo,
         env=_COMMITTER,
     )
-
-
-def _area_tags(relpaths: list[str]) -> str:
-    """``[dynamo][functorch]`` from ``torch/_dynamo/x.py``, ``test/functorch/y.py``..."""
-    tags = []
-    for rel in relpaths:
-        parts = Path(rel).parts
-        if len(parts) > 2:
-            tag = parts[1].lstrip("_")
-            if tag not in tags:
-                tags.append(tag)
-    return "".join(f"[{t}]" for t in sorted(tags)) or "[torch]"
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def _message(subject: str, why: list[str], origin: str, date: datetime.datetime) -> str:
-    return "\n".join(
-        [
-            subject,
-            "",
-            *why,
-            "",
-            f"Origin: {origin}",
-            "Forwarded: no (this export is the submission)",
-            f"Last-Update: {date:%Y-%m-%d}",
-            "",
-        ]
-    )
-
-
-def _generated_commit_env(repo: Path, date: datetime.datetime) -> dict[str, str]:
-    """Author the generated commits as the series' last patch was authored."""
-    who = workflow.git(
-        ["log", "-1", "--format=%an%x00%ae", f"{workflow.BASE_TAG}..HEAD"], repo
-    ).strip()
-    name, email = who.split("\0") if who else _FALLBACK_AUTHOR
-    stamp = date.isoformat()
-    return {
-        "GIT_AUTHOR_NAME": name,
-        "GIT_AUTHOR_EMAIL": email,
-        "GIT_AUTHOR_DATE": stamp,
-        "GIT_COMMITTER_DATE": stamp,
-        **_COMMITTER,
-    }
-
-
-def _commit_files(
-    repo: Path, files: dict[str, Path], message: str, env: dict[str, str]
-) -> None:
-    """Copy ``files`` (repo-relative path -> source) into ``repo`` and commit them."""
-    for rel, src in files.items():
-        dest = repo / rel
-        if dest.exists():
-            raise OverlayError(
-                f"{src} would be added upstream as {rel}, but the base already has "
-                "that file; change it through a patch instead"
-            )
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dest)
-    workflow.git(["add", "--", *files], repo)
-    with tempfile.NamedTemporaryFile("w", suffix=".msg", delete=False) as fh:
-        fh.write(message)
-    try:
-        workflow.git(["commit", "-q", "-F", fh.name], repo, env=env)
-    finally:
-        os.unlink(fh.name)
 
 
 def mirrored_module_files() -> dict[str, Path]:
@@ -200,14 +149,18 @@ def upstream_test_files(test_dir: Path | None = None) -> dict[str, Path]:
 # at its upstream path and is exported there, and a change to an existing
 # upstream file is a patch, torch_overlay/csrc/<path>.patch (a git format-patch
 # of <path> against the base release, written with git from that file's text).
-# Nothing here names a destination.
-#   * New files (aten/src/ATen/functorch/InterpreterSerialization.{h,cpp}) are one
-#     generated commit, checked like the Python ones.
-#   * A patch of a file the export base has is git am'd after that commit. One of
-#     a file the base lacks (torch/csrc/functorch/init.cpp: the wheel ships no
-#     .cpp) follows that commit unchanged and is the one kind of patch --check
-#     cannot apply. What --check proves instead is that it adds upstream what the
-#     compat layer adds to torch 2.7.1 (check_unapplied_csrc_patch), so the
+# Nothing here names a destination; export.toml says which commit each belongs to
+# (the C++ of the functorch interpreters goes with pytorch#152616, whose Python
+# half calls the binding).
+#   * New files (aten/src/ATen/functorch/InterpreterSerialization.{h,cpp}) are
+#     added by their commit like the Python ones.
+#   * A patch of a file the export base has is applied into its commit. One of a
+#     file the base lacks (torch/csrc/functorch/init.cpp: the wheel ships no .cpp)
+#     cannot be applied in the scratch repository: its diff is appended to its
+#     commit's exported patch text (with the diffstat redone), so the exported
+#     commit is still one commit. --check applies everything else of that commit
+#     (git apply/am --exclude) and proves of the rest that it adds upstream what
+#     the compat layer adds to torch 2.7.1 (check_unapplied_csrc_diff), so the
 #     exported binding is the one the tests ran against.
 CSRC_PATCH_SUFFIX = ".patch"
 COMPAT_CSRC_DIR = series.COMPAT_DIR / "csrc"
@@ -233,7 +186,9 @@ def csrc_patches() -> dict[str, Path]:
     patches = {}
     for path in sorted(CSRC_DIR.rglob(f"*{CSRC_PATCH_SUFFIX}")):
         rel = str(path.relative_to(CSRC_DIR))[: -len(CSRC_PATCH_SUFFIX)]
-        touched = re.findall(r"^diff --git a/(\S+) b/", path.read_text(), flags=re.M)
+        touched = re.findall(
+            r"^diff --git a/(\S+) b/", path.read_text(), flags=re.MULTILINE
+        )
         if touched != [rel]:
             raise OverlayError(
                 f"{path}: a csrc patch changes exactly the file it is named after "
@@ -243,11 +198,24 @@ def csrc_patches() -> dict[str, Path]:
     return patches
 
 
-def _hunk_lines(patch_text: str) -> tuple[list[str], list[str]]:
-    """(removed, added) lines of a one-file patch, without their +/- marks."""
-    body = patch_text[patch_text.index("\n@@ ") :].splitlines()
-    removed = [line[1:] for line in body if line.startswith("-") and not line.startswith("---")]
-    added = [line[1:] for line in body if line.startswith("+") and not line.startswith("+++")]
+def file_diffs(patch_text: str) -> dict[str, str]:
+    """Path -> its ``diff --git`` section, for every file a patch text changes."""
+    body = patch_text[patch_text.index("\ndiff --git ") + 1 :]
+    # format-patch's signature ("-- " then the git version) ends the last section.
+    body = re.split(r"^-- \n", body, maxsplit=1, flags=re.MULTILINE)[0]
+    sections = re.split(r"^(?=diff --git )", body, flags=re.MULTILINE)
+    return {re.match(r"diff --git a/\S+ b/(\S+)", s).group(1): s for s in sections if s}
+
+
+def _hunk_lines(diff_text: str) -> tuple[list[str], list[str]]:
+    """(removed, added) lines of a one-file diff, without their +/- marks."""
+    body = diff_text[diff_text.index("\n@@ ") :].splitlines()
+    removed = [
+        line[1:] for line in body if line.startswith("-") and not line.startswith("---")
+    ]
+    added = [
+        line[1:] for line in body if line.startswith("+") and not line.startswith("+++")
+    ]
     return removed, added
 
 
@@ -259,12 +227,12 @@ def _compat_csrc_lines() -> list[str]:
     return lines
 
 
-def check_unapplied_csrc_patch(patch: Path) -> None:
-    """What can be checked of a csrc patch whose file the base lacks: every line it
+def check_unapplied_csrc_diff(name: str, diff_text: str) -> None:
+    """What can be checked of a C++ diff whose file the base lacks: every line it
     adds is, in the same order, a line of the compat layer's C++ (a removed line
     that comes back to continue a statement, e.g. a .def chain losing its ';',
     aside). The upstream change is then the one the backport builds and tests."""
-    removed, added = _hunk_lines(patch.read_text())
+    removed, added = _hunk_lines(diff_text)
     continued = {line.rstrip(";") for line in removed}
     compat = iter(_compat_csrc_lines())
     for line in added:
@@ -272,121 +240,313 @@ def check_unapplied_csrc_patch(patch: Path) -> None:
             continue
         if line.strip() and line.strip() not in compat:
             raise OverlayError(
-                f"{patch.name}: it adds {line.strip()!r}, which the compat layer's C++ "
+                f"{name}: it adds {line.strip()!r}, which the compat layer's C++ "
                 f"({COMPAT_CSRC_DIR.relative_to(series.REPO_ROOT)}) does not add at that "
                 "point: the exported change would not be the one the backport tests"
             )
 
 
-def export_csrc_commit(repo: Path, date: datetime.datetime, env: dict[str, str]) -> bool:
-    """Commit the new C++ files (see NOTE: [C++ in the upstream export])."""
-    files = csrc_new_files()
-    if not files:
-        return False
-    _commit_files(
-        repo,
-        files,
-        _message(
-            "[functorch] Serialize functorch interpreters (C++)",
-            [
-                "serializeInterpreter / deserializeInterpreter write an Interpreter's",
-                "state (transform type, level, whether it is alive, its saved local",
-                "dispatch key set, and the transform's own state: vmap batch size and",
-                "randomness, grad / jvp previous mode, functionalize add-back-views)",
-                "as JSON text with nlohmann::json and read it back. Guards on the",
-                "functorch stack can then be saved with a compiled frame and rebuilt",
-                "in another process (pytorch#152616). Bad text is a c10::ValueError",
-                "naming the field.",
-            ],
-            "torch_overlay, torch_overlay/csrc/ (" + ", ".join(files) + ")",
-            date,
-        ),
-        env,
+# NOTE: [One commit per upstream PR]
+# A reviewer takes the export as the pull requests it backports, each one commit
+# that imports and passes its own tests on its own (`make export-check` proves it
+# for every prefix). The grouping comes from the patches' DEP-3 Origin lines: a
+# patch belongs to the first pull request its Origin cites; a patch citing none
+# (our own changes, such as the load-time lazy imports) is a commit by itself.
+# The new files a commit needs (modules, tests, C++) come from export.toml,
+# declared per patch: every file is owned exactly once, so a new module nobody
+# declares fails the export instead of going missing from it. Messages are
+# upstream PR style (tagged title, summary, "Test Plan:"); the DEP-3 lines that
+# keep patches/ honest about provenance are not part of them.
+
+
+@dataclasses.dataclass
+class PatchInfo:
+    """A series patch as the export reads it."""
+
+    patch: series.Patch
+    description: str  # the message body without its DEP-3 lines
+    pr: int | None  # the first pull request its Origin line cites
+
+
+@dataclasses.dataclass
+class ExportCommit:
+    """One exported commit: the patches of one pull request (or one patch of
+    ours) and the new files they own, by kind (see FILE_KINDS)."""
+
+    pr: int | None
+    patches: list[PatchInfo]
+    files: dict[str, dict[str, Path]]
+    title: str
+    summary: str
+
+    @property
+    def tests(self) -> list[str]:
+        return sorted(rel for rel in self.files["tests"] if rel.endswith(".py"))
+
+    def message(self) -> str:
+        if self.tests:
+            plan = ["python -m pytest " + " ".join(self.tests)]
+        else:
+            plan = [
+                "No tests of its own: the existing tests of the code it changes cover it."
+            ]
+        return "\n".join(
+            [self.title, "", self.summary.strip(), "", "Test Plan:", *plan, ""]
+        )
+
+
+def read_patch_info(patch: series.Patch) -> PatchInfo:
+    """The description and pull request of a series patch (its message body)."""
+    text = patch.path.read_text()
+    header_end = text.index("\n\n")
+    body = text[header_end + 2 : text.index("\n---\n", header_end)]
+    description = [line for line in body.splitlines() if not DEP3_LINE.match(line)]
+    origin = " ".join(line for line in body.splitlines() if line.startswith("Origin:"))
+    cited = [int(a or b) for a, b in ORIGIN_PR.findall(origin)]
+    return PatchInfo(patch, "\n".join(description).strip(), cited[0] if cited else None)
+
+
+def ownership_file(directory: Path | None = None) -> Path:
+    return (directory or series.patches_dir()) / OWNERSHIP_FILE
+
+
+def load_ownership(
+    path: Path,
+) -> tuple[dict[str, dict[str, list[str]]], dict[int, dict[str, str]]]:
+    """(patch name -> kind -> upstream paths, pull request -> title/summary)."""
+    if not path.is_file():
+        return {}, {}
+    data = tomllib.loads(path.read_text())
+    unknown = set(data) - {"patches", "pr"}
+    if unknown:
+        raise OverlayError(
+            f'{path}: unknown tables {sorted(unknown)}; use [patches."<name>"] and [pr.NNN]'
+        )
+    owned = {}
+    for name, fields in data.get("patches", {}).items():
+        bad = set(fields) - set(FILE_KINDS)
+        if bad:
+            raise OverlayError(
+                f"{path}: patch {name} declares {sorted(bad)}; the kinds are {FILE_KINDS}"
+            )
+        owned[name] = {kind: list(fields.get(kind, [])) for kind in FILE_KINDS}
+    prs = {}
+    for number, fields in data.get("pr", {}).items():
+        bad = set(fields) - set(PR_FIELDS)
+        if bad or not str(number).isdigit():
+            raise OverlayError(
+                f"{path}: [pr.{number}] must be a PR number with {PR_FIELDS}"
+            )
+        prs[int(number)] = dict(fields)
+    return owned, prs
+
+
+def exportable_files() -> dict[str, dict[str, Path]]:
+    """Every new file the export carries, by kind: upstream path -> source."""
+    csrc = {**csrc_new_files(), **csrc_patches()}
+    return {
+        "modules": mirrored_module_files(),
+        "tests": upstream_test_files(),
+        "csrc": csrc,
+    }
+
+
+def assign_files(
+    declared: dict[str, dict[str, list[str]]],
+    patch_names: list[str],
+    available: dict[str, dict[str, Path]],
+    where: str = OWNERSHIP_FILE,
+) -> dict[str, dict[str, dict[str, Path]]]:
+    """Patch name -> kind -> {upstream path: source}; every available file owned
+    exactly once, every declaration naming a patch of the series and a file that
+    exists. Raises OverlayError naming what is wrong."""
+    unknown_patches = sorted(set(declared) - set(patch_names))
+    if unknown_patches:
+        raise OverlayError(
+            f"{where} declares files for {unknown_patches}, which the series does not list"
+        )
+    owner: dict[tuple[str, str], str] = {}
+    owned = {name: {kind: {} for kind in FILE_KINDS} for name in patch_names}
+    for name, kinds in declared.items():
+        for kind, paths in kinds.items():
+            for rel in paths:
+                if rel not in available[kind]:
+                    raise OverlayError(
+                        f"{where}: {name} declares {kind} {rel}, which is not a new file "
+                        f"of the project (known {kind}: {sorted(available[kind])})"
+                    )
+                if (kind, rel) in owner:
+                    raise OverlayError(
+                        f"{where}: {rel} is owned twice, by {owner[kind, rel]} and by "
+                        f"{name}; a new file belongs to exactly one patch"
+                    )
+                owner[kind, rel] = name
+                owned[name][kind][rel] = available[kind][rel]
+    undeclared = sorted(
+        rel
+        for kind, files in available.items()
+        for rel in files
+        if (kind, rel) not in owner
     )
-    return True
+    if undeclared:
+        raise OverlayError(
+            f"new files that no patch owns: {undeclared}; declare each under the patch "
+            f"that needs it in {where} (see NOTE: [One commit per upstream PR])"
+        )
+    return owned
 
 
-def _patch_file_name(subject: str) -> str:
-    """The name git format-patch gives a patch with this subject."""
-    return re.sub(r"[^A-Za-z0-9_.]+|\.{2,}", "-", subject).strip("-.")[:100] + ".patch"
+def group_commits(
+    infos: list[PatchInfo],
+    owned: dict[str, dict[str, dict[str, Path]]],
+    pr_fields: dict[int, dict[str, str]],
+) -> list[ExportCommit]:
+    """The export's commits in series order: consecutive patches of one pull
+    request together, a patch citing no pull request alone."""
+    commits: list[ExportCommit] = []
+    for info in infos:
+        if info.pr is not None and commits and commits[-1].pr == info.pr:
+            commits[-1].patches.append(info)
+        else:
+            if info.pr is not None and any(c.pr == info.pr for c in commits):
+                raise OverlayError(
+                    f"{info.patch.name} belongs to pytorch#{info.pr}, whose other patches "
+                    "are not right before it in the series: a pull request is one commit, "
+                    "so its patches must be consecutive"
+                )
+            commits.append(
+                ExportCommit(info.pr, [info], {k: {} for k in FILE_KINDS}, "", "")
+            )
+        for kind in FILE_KINDS:
+            commits[-1].files[kind].update(owned[info.patch.name][kind])
+    for commit in commits:
+        fields = pr_fields.get(commit.pr, {})
+        commit.title = fields.get("title", commit.patches[0].patch.subject)
+        commit.summary = fields.get(
+            "summary", "\n\n".join(info.description for info in commit.patches)
+        )
+        if not commit.title.startswith(TITLE_TAGS):
+            raise OverlayError(
+                f"exported title {commit.title!r} has none of upstream's tags {TITLE_TAGS}"
+            )
+    unused = sorted(set(pr_fields) - {c.pr for c in commits})
+    if unused:
+        raise OverlayError(
+            f"{OWNERSHIP_FILE} has [pr.N] for {unused}, which no patch cites"
+        )
+    return commits
 
 
-def touches_text(patch_text: str, rel: str) -> bool:
-    """Whether a patch changes ``rel``."""
-    return f"\ndiff --git a/{rel} b/{rel}\n" in patch_text
+def plan_export(directory: Path | None = None) -> list[ExportCommit]:
+    """The export's commits, from the series, its ownership file and the new files."""
+    patches = series.read_series(directory)
+    declared, pr_fields = load_ownership(ownership_file(directory))
+    owned = assign_files(declared, [p.name for p in patches], exportable_files())
+    return group_commits([read_patch_info(p) for p in patches], owned, pr_fields)
 
 
-def build_export_repo(repo: Path, date: datetime.datetime) -> tuple[list[str], list[Path]]:
-    """Build the scratch repository; return what each generated commit adds, and
-    the csrc patches of files the base lacks (they follow the C++ commit unapplied)."""
+def _copy_new_files(repo: Path, files: dict[str, Path]) -> None:
+    for rel, src in files.items():
+        dest = repo / rel
+        if dest.exists():
+            raise OverlayError(
+                f"{src} would be added upstream as {rel}, but the base already has "
+                "that file; change it through a patch instead"
+            )
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)
+
+
+def _author_env(repo: Path, first: str, last: str) -> dict[str, str]:
+    """The first patch's author, at the last patch's date."""
+    name, email = (
+        workflow.git(["log", "-1", "--format=%an%x00%ae", first], repo)
+        .strip()
+        .split("\0")
+    )
+    date = workflow.git(["log", "-1", "--format=%aI", last], repo).strip()
+    return {
+        "GIT_AUTHOR_NAME": name,
+        "GIT_AUTHOR_EMAIL": email,
+        "GIT_AUTHOR_DATE": date,
+        "GIT_COMMITTER_DATE": date,
+        **_COMMITTER,
+    }
+
+
+def commit_export(repo: Path, commit: ExportCommit) -> dict[str, Path]:
+    """Make ``commit`` in ``repo``: its patches, its new files and the C++ changes
+    the base can take, squashed with its message. Returns the C++ patches left
+    unapplied (of files the base lacks; see NOTE: [C++ in the upstream export])."""
+    start = workflow.git(["rev-parse", "HEAD"], repo).strip()
+    _git_am(repo, [info.patch.path.resolve() for info in commit.patches])
+    applied = workflow.git(["rev-list", "--reverse", f"{start}..HEAD"], repo).split()
+    env = _author_env(repo, applied[0], applied[-1])
+    new = {
+        rel: src
+        for kind, files in commit.files.items()
+        for rel, src in files.items()
+        if not (kind == "csrc" and src.suffix == CSRC_PATCH_SUFFIX)
+    }
+    _copy_new_files(repo, new)
+    unapplied = {}
+    for rel, src in commit.files["csrc"].items():
+        if src.suffix != CSRC_PATCH_SUFFIX:
+            continue
+        if (repo / rel).exists():
+            workflow.git(["apply", str(src)], repo)
+            new[rel] = src
+        else:
+            unapplied[rel] = src
+    workflow.git(["reset", "-q", "--soft", start], repo)
+    if new:
+        workflow.git(["add", "--", *new], repo)
+    with tempfile.NamedTemporaryFile("w", suffix=".msg", delete=False) as fh:
+        fh.write(commit.message())
+    try:
+        workflow.git(["commit", "-q", "-F", fh.name], repo, env=env)
+    finally:
+        os.unlink(fh.name)
+    return unapplied
+
+
+def build_export_repo(
+    repo: Path, commits: list[ExportCommit]
+) -> dict[int, dict[str, Path]]:
+    """Build the scratch repository; return, per commit index, its C++ patches of
+    files the base lacks (they join that commit's exported text)."""
     torch_dir, torch_version = _pristine_torch()
     workflow.init_pristine_repo(repo, torch_dir, torch_version)
-    patches = series.read_series()
-    if patches:
-        _git_am(repo, [p.path.resolve() for p in patches])
-    env = _generated_commit_env(repo, date)
-    added = []
-
-    modules = mirrored_module_files()
-    if modules:
-        tags = _area_tags(list(modules))
-        _commit_files(
-            repo,
-            modules,
-            _message(
-                f"{tags} Add the new modules of the precompile series",
-                [
-                    "The patches before this one import these modules; they are new",
-                    "upstream files. torch_overlay develops them at torch_overlay/X/y.py",
-                    "and serves them as torch/X/y.py, so they move to that path unchanged:",
-                    "their module names were upstream's from the start.",
-                ],
-                "torch_overlay, mirrored new modules (torch_overlay/X/y.py -> torch/X/y.py)",
-                date,
-            ),
-            env,
-        )
-        added.append(_count(len(modules), "new module"))
-
-    unapplied = []
-    if export_csrc_commit(repo, date, env):
-        added.append(_count(len(csrc_new_files()), "new C++ file"))
-    for rel, patch in csrc_patches().items():
-        if (repo / rel).exists():
-            _git_am(repo, [patch])
-        else:
-            unapplied.append(patch)
-    if csrc_patches():
-        added.append(_count(len(csrc_patches()), "C++ change") + " of existing files")
-
-    tests = upstream_test_files()
-    if tests:
-        tags = _area_tags(list(tests))
-        _commit_files(
-            repo,
-            tests,
-            _message(
-                f"{tags} Add tests for the precompile series",
-                [
-                    "These tests were written upstream-style (common_utils.TestCase,",
-                    "run_tests()) at their upstream paths and pass on torch 2.7.1 with",
-                    "the series applied, so they move in unchanged. The overlay",
-                    "machinery's own tests (test/overlay/) and its conftest.py stay",
-                    "behind: they test the import hook, not torch.",
-                ],
-                "torch_overlay test/ (run there against the overlay and the patched wheel)",
-                date,
-            ),
-            env,
-        )
-        added.append(_count(len(tests), "test file"))
-
-    return added, unapplied
+    unapplied = {}
+    for index, commit in enumerate(commits):
+        left = commit_export(repo, commit)
+        if left:
+            unapplied[index] = left
+    return unapplied
 
 
-def _readme(names: list[str], base: str, added: list[str], unchecked: list[str]) -> str:
+def append_diffs(repo: Path, patch_text: str, diffs: list[str]) -> str:
+    """``patch_text`` with ``diffs`` appended and its diffstat redone."""
+    head, rest = patch_text.split("\n---\n", 1)
+    body = rest[rest.index("diff --git ") :].rstrip("\n") + "\n" + "".join(diffs)
+    proc = subprocess.run(
+        ["git", "apply", "--stat", "--summary", "-"],
+        cwd=repo,
+        input=body,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    stat = proc.stdout
+    return f"{head}\n---\n{stat}\n{body}"
+
+
+def _readme(names: list[str], base: str, commits: list[ExportCommit]) -> str:
     lines = [
-        f"torch_overlay upstream export: the patch set as a git am series for pytorch v{base}.",
+        f"torch_overlay upstream export: the patch set as a git am series for pytorch v{base},",
+        "one commit per upstream pull request it backports (and one per change of ours",
+        "that has none), each with the new modules, tests and C++ it owns",
+        f"(patches/v{base}/export.toml in torch_overlay).",
         "",
         f"Apply on a pytorch checkout at tag v{base}:",
         "",
@@ -394,157 +554,149 @@ def _readme(names: list[str], base: str, added: list[str], unchecked: list[str])
         "    git -C pytorch am --keep-non-patch /path/to/upstream-export/[0-9]*.patch",
         "",
         "(`series` lists the same patches in order; --keep-non-patch keeps the subjects'",
-        "[dynamo]-style tags.) The patches of torch_overlay's own series come first,",
-        "unchanged; then generated commits add "
-        + (" and ".join(added) if added else "nothing")
-        + ".",
+        "[dynamo]-style tags.)",
         "",
         "`make export-check` (build_scripts/export_upstream.py --check) proves it applies",
-        f"to the torch {base} wheel's sources (its Python files and the C++ headers it",
-        "ships verbatim): git apply patch by patch, then git am of the whole series.",
+        f"to the torch {base} wheel's sources (git apply patch by patch, then git am) and",
+        "that every prefix imports and passes the tests it adds (export_bisect.py).",
         "",
-        "Patches:",
-        *(f"    {name}" for name in names),
+        "Commits:",
     ]
-    if unchecked:
-        lines += [
-            "",
-            "Not applied by --check (the wheel ships no C++ sources; see NOTE: [C++ in",
-            "the upstream export] in build_scripts/export_upstream.py):",
-            *(f"    {name}: its added lines compared with the compat layer's C++"
-              for name in unchecked),
-        ]
+    for name, commit in zip(names, commits):
+        pr = f"pytorch#{commit.pr}" if commit.pr else "no upstream PR"
+        lines.append(f"    {name}  ({pr})")
     return "\n".join(lines) + "\n"
+
+
+def _format_patches(repo: Path, out_dir: Path) -> list[str]:
+    workflow.git(
+        [
+            "format-patch",
+            "-q",
+            "--zero-commit",
+            "--no-signature",
+            "--filename-max-length=100",
+            "-o",
+            str(out_dir),
+            f"{workflow.BASE_TAG}..HEAD",
+        ],
+        repo,
+    )
+    return [p.name for p in sorted(out_dir.glob("*.patch"))]
 
 
 def export(out: Path) -> list[Path]:
     """Write the series into ``out``; return the patch files in order."""
     out = Path(out).resolve()
+    commits = plan_export()
     with tempfile.TemporaryDirectory(prefix="torch_overlay-export-") as scratch:
         repo = Path(scratch) / "pytorch"
-        date = _export_date()
-        added, unapplied = build_export_repo(repo, date)
+        unapplied = build_export_repo(repo, commits)
         produced_dir = Path(scratch) / "patches"
-        workflow.git(
-            [
-                "format-patch",
-                "-q",
-                "--zero-commit",
-                "--no-signature",
-                "--filename-max-length=100",
-                "-o",
-                str(produced_dir),
-                f"{workflow.BASE_TAG}..HEAD",
-            ],
-            repo,
-        )
-        # (name without its number, text) in series order
-        produced = [
-            (p.name.split("-", 1)[1], p.read_text())
-            for p in sorted(produced_dir.glob("*.patch"))
-        ]
-        # See NOTE: [C++ in the upstream export]: right after the new C++ files.
-        new_cpp = list(csrc_new_files())
-        unchecked_at = [
-            1 + max(i for i, (_, text) in enumerate(produced) if any(touches_text(text, rel) for rel in new_cpp))
-            + offset
-            for offset in range(len(unapplied))
-        ]
-        for at, patch in zip(unchecked_at, unapplied):
-            text = patch.read_text()
-            produced.insert(at, (_patch_file_name(series.read_subject_text(text)), text))
+        names = _format_patches(repo, produced_dir)
         out.mkdir(parents=True, exist_ok=True)
         for stale in [*out.glob("*.patch"), out / "series", out / "README.txt"]:
             stale.unlink(missing_ok=True)
-        names = []
-        for number, (base_name, text) in enumerate(produced, 1):
-            # numbered again: the binding patch joined the series
-            text = re.sub(
-                r"^Subject: \[PATCH[^\]]*\]",
-                f"Subject: [PATCH {number}/{len(produced)}]",
-                text,
-                count=1,
-                flags=re.M,
-            )
-            name = f"{number:04d}-{base_name}"
+        for index, name in enumerate(names):
+            text = (produced_dir / name).read_text()
+            left = unapplied.get(index, {})
+            if left:
+                diffs = [file_diffs(p.read_text())[rel] for rel, p in left.items()]
+                text = append_diffs(repo, text, diffs)
             (out / name).write_text(text)
-            names.append(name)
-    unchecked = [names[at] for at in unchecked_at]
     base = series.base_version()
     (out / "series").write_text(
         f"# git am series for pytorch v{base}, generated by export_upstream.py\n"
         + "".join(f"{name}\n" for name in names)
     )
-    (out / "README.txt").write_text(_readme(names, base, added, unchecked))
-    log.info("export_upstream: wrote %d patches to %s", len(names), out)
+    (out / "README.txt").write_text(_readme(names, base, commits))
+    log.info("export_upstream: wrote %d commits to %s", len(names), out)
     return [out / name for name in names]
 
 
-def check(export_dir: Path) -> None:
-    """Prove the exported series applies to the pristine base; raise on the first failure."""
+def _unapplied_diffs(
+    patches: list[series.Patch], tree: Path
+) -> dict[str, dict[str, str]]:
+    """Patch name -> {path: diff} for the C++ changes of files the base lacks
+    (see NOTE: [C++ in the upstream export]), each checked against the compat layer."""
+    missing = [rel for rel in csrc_patches() if not (tree / rel).exists()]
+    found = {}
+    for patch in patches:
+        diffs = file_diffs(patch.path.read_text())
+        left = {rel: diffs[rel] for rel in missing if rel in diffs}
+        for rel, diff in left.items():
+            check_unapplied_csrc_diff(patch.name, diff)
+            log.info(
+                "export_upstream: %s: %s not applied (the base has no such file); it "
+                "adds what the compat layer adds: ok",
+                patch.name,
+                rel,
+            )
+        if left:
+            found[patch.name] = left
+    return found
+
+
+def _apply_each(
+    patches: list[series.Patch], tree: Path, excluded: dict, version: str
+) -> None:
+    for patch in patches:
+        exclude = [f"--exclude={rel}" for rel in excluded.get(patch.name, {})]
+        for args in (["apply", "--check", *exclude], ["apply", *exclude]):
+            try:
+                workflow.git([*args, str(patch.path)], tree)
+            except OverlayError as e:
+                raise OverlayError(
+                    f"exported patch {patch.name} does not apply to torch "
+                    f"{version}'s pristine sources (git {' '.join(args)}):\n{e}"
+                ) from None
+        log.info("export_upstream: git apply %s: ok", patch.name)
+
+
+def _am_each(patches: list[series.Patch], repo: Path, excluded: dict) -> None:
+    for patch in patches:
+        try:
+            _git_am(repo, [patch.path], exclude=list(excluded.get(patch.name, {})))
+        except OverlayError as e:
+            raise OverlayError(
+                f"exported patch {patch.name} applies with git apply, but "
+                f"`git am` of the series fails there:\n{e}"
+            ) from None
+        subject = workflow.git(["log", "-1", "--format=%s"], repo).strip()
+        if subject != patch.subject:
+            raise OverlayError(
+                f"exported patch {patch.name}: git am made the subject {subject!r} "
+                f"out of {patch.subject!r}"
+            )
+
+
+def check(export_dir: Path, scratch: Path) -> Path:
+    """Prove the exported series applies to the pristine base; raise on the first
+    failure. Returns the repository in ``scratch`` holding it as commits."""
     export_dir = Path(export_dir).resolve()
     patches = series.read_series(export_dir)
     if not patches:
-        raise OverlayError(f"{export_dir} has no series (or an empty one); run the export first")
+        raise OverlayError(
+            f"{export_dir} has no series (or an empty one); run the export first"
+        )
     torch_dir, torch_version = _pristine_torch()
-    with tempfile.TemporaryDirectory(prefix="torch_overlay-export-check-") as scratch:
-        # A plain directory: workflow.git sets GIT_CEILING_DIRECTORIES to its parent,
-        # so git apply never mistakes an enclosing repository for this tree.
-        tree = Path(scratch) / "pristine"
-        workflow.copy_pristine_sources(torch_dir, tree)
-        # See NOTE: [C++ in the upstream export]: a csrc patch of a file the base
-        # lacks (the wheel ships no .cpp) is checked against the compat layer.
-        missing = [rel for rel in csrc_patches() if not (tree / rel).exists()]
-        unchecked = [
-            p for p in patches if any(touches_text(p.path.read_text(), rel) for rel in missing)
-        ]
-        for patch in unchecked:
-            check_unapplied_csrc_patch(patch.path)
-            log.info(
-                "export_upstream: %s: not applied (the base has no file it changes); "
-                "it adds what the compat layer adds: ok",
-                patch.name,
-            )
-        patches = [p for p in patches if p not in unchecked]
-        for patch in patches:
-            for args in (["apply", "--check"], ["apply"]):
-                try:
-                    workflow.git([*args, str(patch.path)], tree)
-                except OverlayError as e:
-                    raise OverlayError(
-                        f"exported patch {patch.name} does not apply to torch "
-                        f"{torch_version}'s pristine sources (git {' '.join(args)}):\n{e}"
-                    ) from None
-            log.info("export_upstream: git apply %s: ok", patch.name)
-
-        repo = Path(scratch) / "pytorch"
-        workflow.init_pristine_repo(repo, torch_dir, torch_version)
-        try:
-            _git_am(repo, [p.path for p in patches])
-        except OverlayError as e:
-            done = int(
-                workflow.git(["rev-list", "--count", f"{workflow.BASE_TAG}..HEAD"], repo)
-            )
-            raise OverlayError(
-                f"exported patch {patches[done].name} applies with git apply, but "
-                f"`git am` of the series fails there:\n{e}"
-            ) from None
-        subjects = workflow.git(
-            ["log", "--reverse", "--format=%s", f"{workflow.BASE_TAG}..HEAD"], repo
-        ).splitlines()
-        for patch, subject in zip(patches, subjects):
-            if subject != patch.subject:
-                raise OverlayError(
-                    f"exported patch {patch.name}: git am made the subject {subject!r} "
-                    f"out of {patch.subject!r}"
-                )
+    # A plain directory: workflow.git sets GIT_CEILING_DIRECTORIES to its parent,
+    # so git apply never mistakes an enclosing repository for this tree.
+    tree = scratch / "pristine"
+    workflow.copy_pristine_sources(torch_dir, tree)
+    excluded = _unapplied_diffs(patches, tree)
+    _apply_each(patches, tree, excluded, torch_version)
+    repo = scratch / "pytorch"
+    workflow.init_pristine_repo(repo, torch_dir, torch_version)
+    _am_each(patches, repo, excluded)
     log.info(
-        "export_upstream: %s: %d patches apply with git apply and git am; %d checked "
-        "without applying",
+        "export_upstream: %s: %d commits apply with git apply and git am (%d C++ "
+        "changes of files the base lacks checked without applying)",
         export_dir,
         len(patches),
-        len(unchecked),
+        sum(map(len, excluded.values())),
     )
+    return repo
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -555,13 +707,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="do not export: prove an exported series applies (git apply, then git am)",
+        help="do not export: prove an exported series applies and bisects",
     )
     parser.add_argument(
         "--export-dir",
         type=Path,
         default=None,
         help="with --check: the series to check (default: --out)",
+    )
+    parser.add_argument(
+        "--prefix-tests",
+        choices=export_bisect.PREFIX_TESTS,
+        default="skip-last",
+        help="with --check: which prefixes run the tests they add (see NOTE: "
+        "[Bisecting the export] in export_bisect.py; default: all but the last)",
+    )
+    parser.add_argument(
+        "--no-bisect",
+        action="store_true",
+        help="with --check: only prove the series applies",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -570,10 +734,15 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["GIT_CONFIG_GLOBAL"] = os.devnull
     os.environ["GIT_CONFIG_NOSYSTEM"] = "1"
     try:
-        if args.check:
-            check(args.export_dir or args.out)
-        else:
+        if not args.check:
             export(args.out)
+            return 0
+        with tempfile.TemporaryDirectory(
+            prefix="torch_overlay-export-check-"
+        ) as scratch:
+            repo = check(args.export_dir or args.out, Path(scratch))
+            if not args.no_bisect:
+                export_bisect.check_prefixes(repo, Path(scratch), args.prefix_tests)
     except OverlayError as e:
         log.error("export_upstream: FAILED: %s", e)
         return 1
