@@ -896,17 +896,7 @@ class CompilePackage:
             # Kernels load when a graph first runs; the copies go with the last
             # graph that may load them, or at exit.
             weakref.finalize(redirect, shutil.rmtree, str(kernel_dir), True)
-        graphs = {}
-        for name, data in files.items():
-            if name.startswith("graphs/"):
-                artifact = name[len("graphs/") : -len(".bin")]
-                self._loaded_graph_blobs[artifact] = data
-                try:
-                    graphs[artifact] = deserialize_graph(data, redirect, artifact)
-                except Exception as e:
-                    raise PackageError(f"package {path}: graph {artifact} is damaged: {e!r}") from e
-                module = self._fn if isinstance(self._fn, torch.nn.Module) else None
-                check_frozen_parameters(graphs[artifact], module, f"{artifact} of {path}")
+        graphs = self._load_graphs(files, redirect, path)
         if any(v.startswith("kernels/") for v in files) or any(
             isinstance(g, _PackagedInductorGraph) for g in graphs.values()
         ):
@@ -942,6 +932,22 @@ class CompilePackage:
             finished - started,
         )
         return installed
+
+    def _load_graphs(self, files, redirect: _KernelRedirect, path) -> dict[str, Any]:
+        """The package's graphs, by artifact name; a frozen one is checked against
+        the module it is loaded for (NOTE: [Parameters of frozen packages])."""
+        module = self._fn if isinstance(self._fn, torch.nn.Module) else None
+        graphs = {}
+        for name, data in files.items():
+            if name.startswith("graphs/"):
+                artifact = name[len("graphs/") : -len(".bin")]
+                self._loaded_graph_blobs[artifact] = data
+                try:
+                    graphs[artifact] = deserialize_graph(data, redirect, artifact)
+                except Exception as e:
+                    raise PackageError(f"package {path}: graph {artifact} is damaged: {e!r}") from e
+                check_frozen_parameters(graphs[artifact], module, f"{artifact} of {path}")
+        return graphs
 
     def _install_loaded(self, entry: _Entry, graphs: dict) -> None:
         module = sys.modules.get(entry.global_module)
