@@ -153,11 +153,13 @@ export: venv
 # the modules it adds, and passes the tests it adds, with the overlay off. The last
 # prefix's tests are skipped there by default: that tree is what test-overlay runs
 # (NOTE: [Bisecting the export] in build_scripts/export_bisect.py);
-# EXPORT_PREFIX_TESTS=all runs them too, none checks imports only.
+# EXPORT_PREFIX_TESTS=all runs them too, none checks imports only;
+# EXPORT_CHECK_ARGS=--keep-going checks every prefix before reporting.
 EXPORT_PREFIX_TESTS ?= skip-last
+EXPORT_CHECK_ARGS ?=
 
 export-check: export
-	$(PY) build_scripts/export_upstream.py --check --out $(EXPORT_DIR) --prefix-tests $(EXPORT_PREFIX_TESTS)
+	$(PY) build_scripts/export_upstream.py --check --out $(EXPORT_DIR) --prefix-tests $(EXPORT_PREFIX_TESTS) $(EXPORT_CHECK_ARGS)
 
 # Behaviour diff against upstream (tools/behaviour_diff/diff_upstream.py): the suite,
 # the guard probe set (guard_probes.py) and the precompile probes on stock

@@ -206,14 +206,18 @@ def check_prefix(
         )
 
 
-def check_prefixes(repo: Path, scratch: Path, prefix_tests: str = "skip-last") -> None:
+def check_prefixes(
+    repo: Path, scratch: Path, prefix_tests: str = "skip-last", keep_going: bool = False
+) -> None:
     """Check every prefix of the series ``git am``'d in ``repo`` (NOTE: [Bisecting
-    the export]); raise OverlayError naming the first that fails."""
+    the export]); raise OverlayError naming the first that fails (with
+    ``keep_going``, every one that fails, after checking them all)."""
     torch_root, _ = importer.find_torch()
     commits = workflow.git(
         ["rev-list", "--reverse", f"{workflow.BASE_TAG}..HEAD"], repo
     ).split()
     modules: list[str] = []
+    failures: list[str] = []
     compat_linked = False
     for index, commit in enumerate(commits):
         started = time.monotonic()
@@ -229,29 +233,44 @@ def check_prefixes(repo: Path, scratch: Path, prefix_tests: str = "skip-last") -
             )
         modules += [m for m in map(_module_name, added) if m]
         tests = [rel for rel in added if _is_test(rel)]
-        last = index == len(commits) - 1
-        skip_tests = prefix_tests == "none" or (prefix_tests == "skip-last" and last)
-        log.info(
-            "export_bisect: prefix %d/%d: import torch + %d new modules; %s",
-            index + 1,
-            len(commits),
-            len(modules),
-            f"{len(tests)} test files" if not skip_tests else "its tests not run here",
+        skip_tests = prefix_tests == "none" or (
+            prefix_tests == "skip-last" and index == len(commits) - 1
         )
-        if skip_tests and tests and prefix_tests == "skip-last":
-            log.info(
-                "export_bisect: NOTE: the last prefix's tests (%s) are not run here: "
-                "its tree is what `make test-overlay` tests (see NOTE: [Bisecting the "
-                "export]; --prefix-tests=all runs them)",
-                " ".join(tests),
-            )
-        check_prefix(repo, scratch, index, modules, [] if skip_tests else tests)
+        _log_prefix(index, len(commits), len(modules), tests, skip_tests, prefix_tests)
+        try:
+            check_prefix(repo, scratch, index, modules, [] if skip_tests else tests)
+        except OverlayError as e:
+            if not keep_going:
+                raise
+            failures.append(str(e))
+            log.error("export_bisect: %s", e)
+            continue
         log.info(
             "export_bisect: prefix %d: ok (%.0f s)",
             index + 1,
             time.monotonic() - started,
         )
+    if failures:
+        raise OverlayError("prefixes that fail:\n  " + "\n  ".join(failures))
     log.info(
         "export_bisect: all %d prefixes import and pass the tests they add",
         len(commits),
     )
+
+
+def _log_prefix(index, count, n_modules, tests, skip_tests, prefix_tests) -> None:
+    ran = f"{len(tests)} test files" if not skip_tests else "its tests not run here"
+    log.info(
+        "export_bisect: prefix %d/%d: import torch + %d new modules; %s",
+        index + 1,
+        count,
+        n_modules,
+        ran,
+    )
+    if skip_tests and tests and prefix_tests == "skip-last":
+        log.info(
+            "export_bisect: NOTE: the last prefix's tests (%s) are not run here: "
+            "its tree is what `make test-overlay` tests (see NOTE: [Bisecting the "
+            "export]; EXPORT_PREFIX_TESTS=all / --prefix-tests=all runs them)",
+            " ".join(tests),
+        )

@@ -723,6 +723,11 @@ def main(argv: list[str] | None = None) -> int:
         "[Bisecting the export] in export_bisect.py; default: all but the last)",
     )
     parser.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="with --check: check every prefix, then report all that fail",
+    )
+    parser.add_argument(
         "--no-bisect",
         action="store_true",
         help="with --check: only prove the series applies",
@@ -742,7 +747,9 @@ def main(argv: list[str] | None = None) -> int:
         ) as scratch:
             repo = check(args.export_dir or args.out, Path(scratch))
             if not args.no_bisect:
-                export_bisect.check_prefixes(repo, Path(scratch), args.prefix_tests)
+                export_bisect.check_prefixes(
+                    repo, Path(scratch), args.prefix_tests, args.keep_going
+                )
     except OverlayError as e:
         log.error("export_upstream: FAILED: %s", e)
         return 1
