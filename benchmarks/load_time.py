@@ -697,7 +697,10 @@ def zoo_load_times(runs: int) -> int:
         "|---|---|---|---|---|---|---|",
     ]
     for model, row in report["models"].items():
-        cell = lambda kind: f"{row[kind]['min']:.2f} / {row[kind]['median']:.2f}"
+
+        def cell(kind: str, row: dict = row) -> str:
+            return f"{row[kind]['min']:.2f} / {row[kind]['median']:.2f}"
+
         lines.append(
             f"| {model} | {row['backend']} | {cell('eager')} | {cell('compile')} | "
             f"{cell('package')} | {row['package']['vs_eager']['median']:.2f} | "
