@@ -129,7 +129,7 @@ class AOTCompiledFunction:
         # The saved bytecode calls the compiled graph itself: Dynamo must not
         # look at (or compile) its frame.
         self._run = torch._dynamo.disable(self._compiled)
-        self._guard_manager = None
+        self._guard_manager: Optional[Any] = None
         self._check_guards = True
 
     @property
@@ -167,7 +167,10 @@ class AOTCompiledFunction:
             if not self.guard_manager.check(f_locals):
                 from torch._dynamo.guards import get_guard_fail_reason_helper
 
-                reason = get_guard_fail_reason_helper(self.guard_manager, f_locals, None)
+                # No compile id: the reason's "<compile id>: " prefix is dropped below.
+                reason = get_guard_fail_reason_helper(
+                    self.guard_manager, f_locals, None  # type: ignore[arg-type]
+                )
                 reason = reason.removeprefix("None: ")
                 raise RuntimeError(
                     f"aot_compile'd {self._fn.__qualname__} was called with inputs its "

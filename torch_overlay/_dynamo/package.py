@@ -460,7 +460,7 @@ def _inductor_config_value(name: str):
 
 
 def _unwrap_chain(fn) -> list:
-    chain = []
+    chain: list[Any] = []
     while fn is not None and len(chain) < 16:
         chain.append(fn)
         owner = getattr(fn, "__self__", None)
@@ -669,7 +669,7 @@ class CompilePackage:
             is_dynamo_installed_global,
         )
 
-        refs = {}
+        refs: dict[str, tuple[Any, ...]] = {}
         for name in sorted(_all_names(out_code)):
             if name not in f_globals or not (
                 name.startswith("__") or is_dynamo_installed_global(name)
@@ -845,15 +845,18 @@ class CompilePackage:
     # -- load --------------------------------------------------------------
     def load(self, path: Optional[str] = None) -> list[_LoadedEntry]:
         """Read a package directory; its entries are then looked up on calls."""
-        path = Path(path or self.path)
-        manifest = read_manifest(path)
+        given = path or self.path
+        if given is None:
+            raise PackageError("no package path: pass torch.compile(..., package=path)")
+        where = Path(given)
+        manifest = read_manifest(where)
         files = {}
         for name in manifest["files"]:
             try:
-                files[name] = (path / name).read_bytes()
+                files[name] = (where / name).read_bytes()
             except OSError as e:
-                raise PackageError(f"package {path} is missing {name}: {e}") from e
-        return self.load_files(files, manifest, path, kernel_dir=path)
+                raise PackageError(f"package {where} is missing {name}: {e}") from e
+        return self.load_files(files, manifest, where, kernel_dir=where)
 
     def load_files(self, files, manifest, path, kernel_dir: Optional[Path] = None):
         """Install entries from a package's verified files (directory or archive)."""
@@ -949,7 +952,7 @@ class CompilePackage:
                 check_frozen_parameters(graphs[artifact], module, f"{artifact} of {path}")
         return graphs
 
-    def _install_loaded(self, entry: _Entry, graphs: dict) -> None:
+    def _install_loaded(self, entry: _Entry, graphs: dict) -> Optional[_LoadedEntry]:
         module = sys.modules.get(entry.global_module)
         if module is None:
             try:

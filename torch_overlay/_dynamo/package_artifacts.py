@@ -580,6 +580,7 @@ def _module_path(source_name: str) -> Optional[str]:
 def _frozen_parameters(record: _GraphRecord) -> dict[str, torch.Tensor]:
     """The values the frozen constants were folded from, by their path under the
     compiled module (NOTE: [Parameters of frozen packages])."""
+    assert record.frozen is not None
     sources = record.frozen.param_sources
     parameters = {}
     for name, t in [
@@ -609,7 +610,7 @@ def check_frozen_parameters(graph, module: Optional[torch.nn.Module], name: str)
             "has no module to check its parameters against: load it with "
             "torch.compile(module, package=...).load_package()"
         )
-    live = dict(module.named_parameters(remove_duplicate=False))
+    live: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
     live.update(module.named_buffers(remove_duplicate=False))
     for path, value in frozen["parameters"].items():
         current = live.get(path)
@@ -655,12 +656,12 @@ class _KernelRedirect:
 
             return load
 
-        cls.load_pybinding_async = classmethod(load_pybinding_async)
+        cls.load_pybinding_async = classmethod(load_pybinding_async)  # type: ignore[method-assign,assignment]
         try:
             with inductor_config.patch(compile_threads=1):
                 yield
         finally:
-            cls.load_pybinding_async = original
+            cls.load_pybinding_async = original  # type: ignore[method-assign]
 
 
 def _frozen_loadable(original, blob: bytes, frozen: dict, extern_kernel_refs, redirect):
@@ -699,7 +700,7 @@ class _PackagedInductorGraph:
         self.redirect = redirect
         self.name = name
         self.params_flat = list(payload["params"].values())
-        self.compiled = None
+        self.compiled: Optional[Callable[..., Any]] = None
 
     def _hydrate(self, full_args):
         from torch._functorch._aot_autograd.autograd_cache import CompiledBackward, CompiledForward
@@ -712,7 +713,7 @@ class _PackagedInductorGraph:
         extern_kernel_refs = self.payload.get("extern_kernels", {})
 
         def loadable(base, original, blob):
-            class _Embedded(base):
+            class _Embedded(base):  # type: ignore[valid-type,misc]
                 def load(self, example_inputs, fx_config):
                     graph = pickle.loads(blob)
                     constants = CompiledFxGraphConstants()

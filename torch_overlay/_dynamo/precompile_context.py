@@ -80,7 +80,7 @@ class PrecompileContext:
         """A package for a ``torch.compile()`` given none; bound to its function by
         :meth:`bind` once the function is known."""
         package = CompilePackage(None)
-        package.caching_precompile = True
+        package.caching_precompile = True  # type: ignore[attr-defined]
         cls._packages.append(package)
         return package
 
