@@ -6,6 +6,9 @@ InstructionTranslator directly on an example function to get the OutputGraph and
 the reference CheckFunctionManager (guards_serialization_mode="save"), rebuild a
 manager from ``pickle.loads(guards_state)`` with guards_serialization_mode="load",
 then throw accepted and rejected inputs at both and require equal decisions.
+That is the seed's spelling, an alias of upstream's save_guards=True and
+torch._dynamo.package.load_guard_manager; TestGuardSerializationSpellings
+proves the two agree.
 """
 
 import collections
@@ -243,6 +246,7 @@ def build_check_fn_manager(
     guard_types=None,
     extra_guards=(),
     mode="save",
+    save_guards=False,
     guard_filter_fn=None,
     backend=None,
 ):
@@ -302,6 +306,7 @@ def build_check_fn_manager(
                     tracer.output,
                     guard_filter_fn=guard_filter_fn,
                     guards_serialization_mode=mode,
+                    save_guards=save_guards,
                 )
         finally:
             convert_frame.initial_global_state = None
@@ -1758,6 +1763,111 @@ _GLOBAL_STATE_CHANGES = {
     "torch_function_disabled": torch._C.DisableTorchFunctionSubclass,
     "num_threads": _num_threads,
 }
+
+
+class TestGuardSerializationSpellings(GuardSerializationTestCase):
+    """Upstream's API (save_guards=True, package.load_guard_manager) and the
+    seed's guards_serialization_mode alias save the same bytes and decide alike."""
+
+    accepted = ({"x": torch.ones(2)}, {"x": torch.zeros(2)})
+    rejected = ({"x": torch.ones(3)}, {"x": torch.ones(2, dtype=torch.int64)})
+
+    def test_save_guards_and_save_alias_save_the_same_bytes(self):
+        alias = build_check_fn_manager(uses_global_scale, (torch.ones(2),), mode="save")
+        upstream = build_check_fn_manager(
+            uses_global_scale, (torch.ones(2),), mode=None, save_guards=True
+        )
+        self.assertIsInstance(upstream.ref.guards_state, bytes)
+        self.assertEqual(upstream.ref.guards_state, alias.ref.guards_state)
+        plain = build_check_fn_manager(uses_global_scale, (torch.ones(2),), mode=None)
+        self.assertIsNone(plain.ref.guards_state)
+
+    def test_load_guard_manager_and_load_alias_decide_alike(self):
+        from torch._dynamo.package import load_guard_manager, load_guards_state
+
+        built = build_check_fn_manager(
+            uses_global_scale, (torch.ones(2),), mode=None, save_guards=True
+        )
+        data = built.ref.guards_state
+        upstream = types.SimpleNamespace(
+            guard_manager=load_guard_manager(
+                load_guards_state(data), built.code, uses_global_scale.__globals__
+            )
+        )
+        for state in (data, pickle.loads(data)):
+            alias = CheckFunctionManager(
+                built.code, state, guards_serialization_mode="load"
+            )
+            self.assert_same_decisions(built, alias, self.accepted, self.rejected)
+        self.assert_same_decisions(built, upstream, self.accepted, self.rejected)
+        with patched_global("SCALE", 4):
+            self.assertFalse(upstream.guard_manager.check(self.accepted[0]))
+            self.assertFalse(alias.guard_manager.check(self.accepted[0]))
+
+    def test_bad_spellings_are_clear_errors(self):
+        built = build_check_fn_manager(plus_one, (torch.ones(2),))
+        data = built.ref.guards_state
+        with self.assertRaisesRegex(
+            ValueError, r"guards_serialization_mode must be 'save' or 'load', not 'saev'"
+        ):
+            CheckFunctionManager(built.code, data, guards_serialization_mode="saev")
+        with self.assertRaisesRegex(TypeError, "load_guard_manager"):
+            CheckFunctionManager(built.code, data)
+        state = pickle.loads(data)
+        for args, kwargs in (
+            ((data,), {"guards_serialization_mode": "load", "save_guards": True}),
+            ((state.output_graph,), {"shape_code_parts": state.shape_code_parts, "save_guards": True}),
+        ):
+            with self.assertRaisesRegex(ValueError, "loaded guards cannot be saved again"):
+                CheckFunctionManager(built.code, *args, **kwargs)
+        with self.assertRaisesRegex(PackageError, "cannot load guards from a dict"):
+            CheckFunctionManager(built.code, {}, guards_serialization_mode="load")
+
+
+class TestVerifySerializedGuards(GuardSerializationTestCase):
+    """config.verify_serialized_guards: a debug flag, off by default, that
+    rebuilds saved guards at save time and fails the save if they disagree."""
+
+    @contextlib.contextmanager
+    def saved_scale_corrupted(self):
+        # The saved guards expect SCALE == 4 while the frame saw 3: rebuilt from
+        # the bytes, they reject the very inputs they were built from.
+        from torch._dynamo import guard_serialization
+
+        real = guard_serialization.build_guards_state
+
+        def corrupting(*args, **kwargs):
+            state = real(*args, **kwargs)
+            state.output_graph.values["G['SCALE']"] = SCALE + 1
+            return state
+
+        with unittest.mock.patch.object(
+            guard_serialization, "build_guards_state", corrupting
+        ):
+            yield
+
+    def test_off_by_default(self):
+        self.assertFalse(torch._dynamo.config.verify_serialized_guards)
+        with self.saved_scale_corrupted():
+            built = build_check_fn_manager(
+                uses_global_scale, (torch.ones(2),), mode=None, save_guards=True
+            )
+        self.assertTrue(built.ref.guard_manager.check({"x": torch.ones(2)}))
+        self.assertFalse(load_check_fn_manager(built).guard_manager.check({"x": torch.ones(2)}))
+
+    @torch._dynamo.config.patch(verify_serialized_guards=True)
+    def test_on_it_fails_the_save_of_disagreeing_guards(self):
+        with self.saved_scale_corrupted(), self.assertRaisesRegex(
+            PackageError,
+            r"serialized guards of uses_global_scale reject the inputs they were built from",
+        ):
+            build_check_fn_manager(
+                uses_global_scale, (torch.ones(2),), mode=None, save_guards=True
+            )
+        built = build_check_fn_manager(
+            uses_global_scale, (torch.ones(2),), mode=None, save_guards=True
+        )
+        self.assertTrue(load_check_fn_manager(built).guard_manager.check({"x": torch.ones(2)}))
 
 
 instantiate_parametrized_tests(TestGuardSerialization)

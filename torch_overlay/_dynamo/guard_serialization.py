@@ -1,13 +1,16 @@
 """Serialization of Dynamo guards: save a guard manager, rebuild it in another process.
 
-``CheckFunctionManager(code, output_graph, guards_serialization_mode="save")``
-records, while it builds the guards, every value the GuardBuilder reads; this
-module turns those values and the rest of what the guards depend on (the guards
-themselves, tensor metadata, shape-env guard code, the global state, the
-torch-function mode stack, functorch and forward-AD levels) into a
-:class:`GuardsState`, pickled into ``CheckFunctionManager.guards_state``.
-``CheckFunctionManager(code, state, guards_serialization_mode="load")`` rebuilds
-the same C++ GuardManager tree from it.
+``CheckFunctionManager(code, output_graph, save_guards=True)`` records, while
+it builds the guards, every value the GuardBuilder reads; this module turns
+those values and the rest of what the guards depend on (the guards themselves,
+tensor metadata, shape-env guard code, the global state, the torch-function
+mode stack, functorch and forward-AD levels) into a :class:`GuardsState`,
+pickled into ``CheckFunctionManager.guards_state``.
+``torch._dynamo.package.load_guard_manager(state, code, f_globals)``, which
+passes ``state.output_graph`` where a compile passes its OutputGraph, rebuilds
+the same C++ GuardManager tree from it. (``guards_serialization_mode="save"`` /
+``"load"`` is the seed's alias: NOTE: [Guard serialization spellings] in
+guards.py.)
 
 Provides :class:`GuardsState`, :class:`OutputGraphGuardsState`,
 :func:`pickle_guards_state`, :func:`load_guards_state` (a restricted unpickler),
