@@ -72,17 +72,13 @@ def _sha256(data: bytes) -> str:
 
 
 def overlay_series_hash() -> str:
-    """The patch series this torch carries: the patched wheel's version stamp, or
-    the overlay's series hash."""
-    version = str(torch.__version__)
-    if "+overlay." in version:
-        return version.split("+overlay.", 1)[1][:12]
+    """The patch series this torch carries, as its backport build reports it
+    (``torch._dynamo._backport_build``, present only in a backport build), or "none"."""
     try:
-        from torch_overlay._overlay.series import series_hash
-
-        return series_hash()[:12]
+        from torch._dynamo._backport_build import series_hash
     except ImportError:
         return "none"
+    return series_hash()
 
 
 def _environment() -> dict:
