@@ -10,9 +10,11 @@ import io
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import unittest
 from pathlib import Path
 
@@ -324,6 +326,73 @@ else:
         same = bool(torch.equal(loaded(x), wrapped_models.scaled(x)))
     print("REPORT" + json.dumps({{"same": same, "traced_graphs": counters["stats"]["unique_graphs"]}}))
 """
+
+
+# Upstream's entry points to saved guards, used as upstream's loaders use them:
+# the save side keeps the guards_state bytes of an aot_compile'd entry and the
+# decisions of Dynamo's own guards (of a plain compile) on a set of probes; the
+# load side (a fresh interpreter) rebuilds the guards from the bytes alone and
+# decides the probes. Written against what torch 2.13 has too, so that the
+# behaviour diff runs it there.
+GUARDS_API = r'''
+import importlib.util, json, os, sys
+import torch
+
+def guards_state_of(fn, args):
+    # keep every guard: torch 2.13's aot_compile leaves out guards on globals
+    # unless it is given a filter
+    keep_all = {"guard_filter_fn": lambda entries: [True] * len(entries)}
+    compiled = torch.compile(fn, fullgraph=True, backend="eager", options=keep_all)
+    with torch._dynamo.config.patch(enable_aot_compile=True):
+        aot = compiled.aot_compile((args, {}))
+    # torch 2.13 keeps it in the artifacts of the compiled function
+    artifacts = getattr(aot, "_artifacts", None)
+    return artifacts.guards_state if artifacts is not None else aot._guards_state
+
+mode, case_path, state_path = sys.argv[1:4]
+spec = importlib.util.spec_from_file_location("guards_case", case_path)
+case = importlib.util.module_from_spec(spec)
+sys.modules["guards_case"] = case
+spec.loader.exec_module(case)
+
+
+def probes():
+    torch.manual_seed(0)
+    return [
+        {"x": torch.randn(3), "y": torch.randn(3)},
+        {"x": torch.randn(3, dtype=torch.float64), "y": torch.randn(3)},
+        {"x": torch.randn(4), "y": torch.randn(4)},
+        {"x": torch.randn(3, requires_grad=True), "y": torch.randn(3)},
+    ]
+
+
+report = {}
+if mode == "save":
+    example = (torch.randn(3), torch.randn(3))
+    with open(state_path, "wb") as f:
+        f.write(guards_state_of(case.fn, example))
+    torch._dynamo.reset()
+    torch.compile(case.fn, backend="eager")(*example)
+    (cache_entry,) = torch._dynamo.eval_frame._debug_get_cache_entry_list(case.fn.__code__)
+    report["decisions"] = [bool(cache_entry.guard_manager.check(p)) for p in probes()]
+else:
+    from torch._dynamo.package import load_guard_manager, load_guards_state
+
+    with open(state_path, "rb") as f:
+        state = load_guards_state(f.read())
+    report["state"] = [type(state).__name__, hasattr(state, "output_graph"), hasattr(state, "shape_code_parts")]
+    manager = load_guard_manager(state, case.fn.__code__, case.__dict__)
+    report["decisions"] = [bool(manager.check(p)) for p in probes()]
+    # the guards read the globals given at load whenever they run
+    case.SCALE = 3
+    report["after_global_changed"] = bool(manager.check(probes()[0]))
+print("REPORT" + json.dumps(report))
+'''
+
+
+def _scaled_sum(x):
+    return (x.sin() + x.cos() * 2).sum(0)
+
 
 
 class TestAOTCompile(torch._dynamo.test_case.TestCase):
@@ -643,6 +712,83 @@ class TestAOTAutogradCacheEntryBytes(torch._dynamo.test_case.TestCase):
             self.assertNotIn(b"_serialized", pickle.dumps(pickle.loads(on_disk)))
             fresh = pickle.loads(on_disk)
             self.assertEqual(pickle.loads(fresh.serialize()).compiled_fw, fresh.compiled_fw)
+
+
+class TestGuardsStateEntryPoints(torch._dynamo.test_case.TestCase):
+    """torch._dynamo.package.load_guards_state / load_guard_manager, upstream's
+    signatures and behaviour."""
+
+    def setUp(self):
+        super().setUp()
+        self.tmp = Path(tempfile.mkdtemp(prefix="guards-state-test-"))
+        self.save_cache = str(self.tmp / "save-cache")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        super().tearDown()
+
+    def _guards_of_scaled_sum(self):
+        compiled = torch.compile(_scaled_sum, fullgraph=True, backend="eager")
+        with torch._dynamo.config.patch(enable_aot_compile=True):
+            aot = compiled.aot_compile(((torch.randn(4, 3),), {}))
+        artifacts = getattr(aot, "_artifacts", None)  # torch 2.13
+        return artifacts.guards_state if artifacts is not None else aot._guards_state
+
+    def test_in_process(self):
+        from torch._dynamo.package import load_guard_manager, load_guards_state
+
+        state = load_guards_state(self._guards_of_scaled_sum())
+        self.assertEqual(type(state).__name__, "GuardsState")
+        manager = load_guard_manager(state, _scaled_sum.__code__, globals())
+        self.assertTrue(manager.check({"x": torch.randn(4, 3)}))
+        self.assertFalse(manager.check({"x": torch.randn(4, 3, dtype=torch.float64)}))
+        self.assertFalse(manager.check({"x": torch.randn(5, 3)}))
+
+    def test_damaged_bytes_are_refused(self):
+        from torch._dynamo.package import load_guards_state
+
+        data = self._guards_of_scaled_sum()
+        with self.assertRaisesRegex(PackageError, "damaged"):
+            load_guards_state(data[: len(data) // 2])
+
+    def test_guards_of_another_code_are_refused(self):
+        from torch._dynamo.package import load_guard_manager, load_guards_state
+
+        state = load_guards_state(self._guards_of_scaled_sum())
+        with self.assertRaisesRegex(PackageError, "_scaled_sum"):
+            load_guard_manager(state, add_one_and_double.__code__, globals())
+
+    def test_fresh_process(self):
+        case = self.tmp / "guards_case.py"
+        case.write_text(
+            textwrap.dedent(
+                """
+                import torch
+                SCALE = 2
+                def fn(x, y):
+                    return x * SCALE + y.cos()
+                """
+            )
+        )
+        state_path = self.tmp / "pkg" / "guards_state.bin"
+        state_path.parent.mkdir()
+        reports = {}
+        for mode in ("save", "load"):
+            proc = subprocess.run(
+                [sys.executable, "-c", GUARDS_API, mode, str(case), str(state_path)],
+                capture_output=True, text=True, cwd=self.tmp,
+                env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": self.save_cache},
+            )
+            lines = [l for l in proc.stdout.splitlines() if l.startswith("REPORT")]
+            if proc.returncode != 0 or not lines:
+                self.fail(f"{mode} process failed:\n{proc.stderr[-5000:]}")
+            reports[mode] = json.loads(lines[-1][len("REPORT"):])
+        saved, loaded = reports["save"], reports["load"]
+        self.assertEqual(loaded["state"], ["GuardsState", True, True])
+        # the probes are not all alike: some pass, some fail Dynamo's own guards
+        self.assertEqual(set(saved["decisions"]), {True, False})
+        self.assertEqual(loaded["decisions"], saved["decisions"])
+        self.assertFalse(loaded["after_global_changed"])
 
 
 instantiate_parametrized_tests(TestAOTCompile)
