@@ -45,6 +45,7 @@ import torch
 from torch._dynamo.exc import PackageError
 
 from .package_artifacts import (
+    _aot_config_fields,
     _CUSTOM_BACKEND,
     _DYNAMO_FILE,
     _environment,
@@ -297,15 +298,7 @@ class _AOTCacheListener:
         if record is None or key is None:
             return
         record.aot_cache_key = key
-        record.aot_config = {
-            "num_params_buffers": aot_config.num_params_buffers,
-            "keep_inference_input_mutations": aot_config.keep_inference_input_mutations,
-            "is_export": aot_config.is_export,
-            "no_tangents": aot_config.no_tangents,
-            "dynamic_shapes": aot_config.dynamic_shapes,
-            "static_input_indices": aot_config.static_input_indices,
-            "pre_dispatch": aot_config.pre_dispatch,
-        }
+        record.aot_config = _aot_config_fields(aot_config)
         self.by_key.setdefault(key, []).append(record)
 
     def on_cache_entry(self, key, entry) -> None:
