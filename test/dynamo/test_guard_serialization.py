@@ -1783,16 +1783,19 @@ class TestGuardSerializationSpellings(GuardSerializationTestCase):
         self.assertIsNone(plain.ref.guards_state)
 
     def test_load_guard_manager_and_load_alias_decide_alike(self):
-        from torch._dynamo.package import load_guard_manager, load_guards_state
-
+        # torch._dynamo.package.load_guard_manager (upstream's loader, which
+        # test_package.py and test_aot_compile.py drive) builds the manager from
+        # the saved OutputGraphGuardsState like this.
         built = build_check_fn_manager(
             uses_global_scale, (torch.ones(2),), mode=None, save_guards=True
         )
         data = built.ref.guards_state
-        upstream = types.SimpleNamespace(
-            guard_manager=load_guard_manager(
-                load_guards_state(data), built.code, uses_global_scale.__globals__
-            )
+        state = pickle.loads(data)
+        upstream = CheckFunctionManager(
+            built.code,
+            state.output_graph,
+            shape_code_parts=state.shape_code_parts,
+            runtime_global_scope=uses_global_scale.__globals__,
         )
         for state in (data, pickle.loads(data)):
             alias = CheckFunctionManager(
