@@ -660,6 +660,17 @@ class _KernelRedirect:
             cls.load_pybinding_async = original  # type: ignore[method-assign]
 
 
+def _graph_from_blob(blob: bytes, constants, example_inputs, fx_config, extern_kernel_refs, redirect):
+    """A packaged CompiledFxGraph made runnable: unpickled, its extern kernels
+    registered, its kernels loaded from the package (redirect), post-compiled."""
+    graph = pickle.loads(blob)
+    _register_extern_kernels(extern_kernel_refs)
+    with redirect.active():
+        graph.after_deserialization(constants)
+    graph.post_compile(example_inputs, fx_config["cudagraphs"], constants)
+    return graph
+
+
 def _frozen_loadable(original, blob: bytes, frozen: dict, extern_kernel_refs, redirect):
     """The forward of a frozen graph's entry: its CompiledFxGraph with the saved
     constants, behind the kept-argument wrapper (NOTE: [Frozen graphs in packages])."""
@@ -672,12 +683,9 @@ def _frozen_loadable(original, blob: bytes, frozen: dict, extern_kernel_refs, re
 
     class _EmbeddedFrozen(CompiledForward):
         def load(self, example_inputs, fx_config):
-            graph = pickle.loads(blob)
-            constants = _SavedConstants()
-            _register_extern_kernels(extern_kernel_refs)
-            with redirect.active():
-                graph.after_deserialization(constants)
-            graph.post_compile(example_inputs, fx_config["cudagraphs"], constants)
+            graph = _graph_from_blob(
+                blob, _SavedConstants(), example_inputs, fx_config, extern_kernel_refs, redirect
+            )
             return _FrozenForward(
                 graph,
                 frozen["preserved_arg_indices"],
@@ -711,13 +719,14 @@ class _PackagedInductorGraph:
         def loadable(base, original, blob):
             class _Embedded(base):  # type: ignore[valid-type,misc]
                 def load(self, example_inputs, fx_config):
-                    graph = pickle.loads(blob)
-                    constants = CompiledFxGraphConstants()
-                    _register_extern_kernels(extern_kernel_refs)
-                    with redirect.active():
-                        graph.after_deserialization(constants)
-                    graph.post_compile(example_inputs, fx_config["cudagraphs"], constants)
-                    return graph
+                    return _graph_from_blob(
+                        blob,
+                        CompiledFxGraphConstants(),
+                        example_inputs,
+                        fx_config,
+                        extern_kernel_refs,
+                        redirect,
+                    )
 
             fields = {f.name: getattr(original, f.name) for f in dataclasses.fields(base)}
             return _Embedded(**fields)
