@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Optional
 
 from torch_overlay._overlay import importer, series, workflow
 from torch_overlay._overlay.errors import OverlayError
@@ -65,6 +67,46 @@ _SITECUSTOMIZE = """\
 # export_bisect.py: the upstream export's prefixes run without torch_overlay.
 import sys
 sys.modules["torch_overlay"] = None
+"""
+
+# The compat loader that binds the C++ a prefix adds (CInterpreter.serialize /
+# deserialize), and the torch module after which upstream's torch._C would have
+# them: in prefixes with that C++, the loader is imported right after that module
+# (the series' compat patch does the same in the overlay, and is never exported).
+COMPAT_CPP_BINDINGS = {
+    "torch._functorch._interpreter_serialization": "torch._functorch.pyfunctorch",
+}
+
+_SITECUSTOMIZE_BIND_CPP = """\
+# export_bisect.py: this prefix adds C++; the compat layer's build of it stands in
+# for torch._C's bindings, bound right after the module that uses them.
+import importlib.abc
+import importlib.machinery
+
+
+class _BindCompatCpp(importlib.abc.MetaPathFinder):
+    def __init__(self, bindings):
+        self.bindings = bindings
+
+    def find_spec(self, name, path, target=None):
+        loaders = [loader for loader, after in self.bindings.items() if after == name]
+        if not loaders:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def exec_then_bind(module):
+            exec_module(module)
+            for loader in loaders:
+                importlib.import_module(loader)
+
+        spec.loader.exec_module = exec_then_bind
+        return spec
+
+
+sys.meta_path.insert(0, _BindCompatCpp(%r))
 """
 
 _IMPORT_CHECK = textwrap.dedent(
@@ -158,10 +200,15 @@ def _checkout(repo: Path, commit: str, added: list[str]) -> None:
     workflow.git(["checkout", "-q", "-f", "--detach", commit], repo)
 
 
-def _child_env(repo: Path, scratch: Path, index: int) -> dict[str, str]:
-    blocker = scratch / "no-torch-overlay"
+def _child_env(
+    repo: Path, scratch: Path, index: int, bind_cpp: bool = False
+) -> dict[str, str]:
+    blocker = scratch / ("no-torch-overlay-bind-cpp" if bind_cpp else "no-torch-overlay")
     blocker.mkdir(exist_ok=True)
-    (blocker / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    sitecustomize = _SITECUSTOMIZE
+    if bind_cpp:
+        sitecustomize += _SITECUSTOMIZE_BIND_CPP % (COMPAT_CPP_BINDINGS,)
+    (blocker / "sitecustomize.py").write_text(sitecustomize)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_OVERLAY")}
     env.pop("PYTHONHOME", None)
     env["PYTHONPATH"] = os.pathsep.join([str(repo), str(blocker)])
@@ -185,10 +232,16 @@ def _run(cmd: list[str], repo: Path, env: dict[str, str], what: str) -> None:
 
 
 def check_prefix(
-    repo: Path, scratch: Path, index: int, modules: list[str], tests: list[str]
+    repo: Path,
+    scratch: Path,
+    index: int,
+    modules: list[str],
+    tests: list[str],
+    bind_cpp: bool = False,
 ) -> None:
-    """The checks of one prefix, in its checked-out tree."""
-    env = _child_env(repo, scratch, index)
+    """The checks of one prefix, in its checked-out tree (``bind_cpp``: the prefix
+    adds C++, whose compat build is bound as torch._C would bind it)."""
+    env = _child_env(repo, scratch, index, bind_cpp)
     subject = workflow.git(["log", "-1", "--format=%s"], repo).strip()
     what = f"prefix {index + 1} ({subject})"
     _run(
@@ -207,11 +260,17 @@ def check_prefix(
 
 
 def check_prefixes(
-    repo: Path, scratch: Path, prefix_tests: str = "skip-last", keep_going: bool = False
+    repo: Path,
+    scratch: Path,
+    prefix_tests: str = "skip-last",
+    keep_going: bool = False,
+    tests_matching: Optional[str] = None,
 ) -> None:
     """Check every prefix of the series ``git am``'d in ``repo`` (NOTE: [Bisecting
     the export]); raise OverlayError naming the first that fails (with
-    ``keep_going``, every one that fails, after checking them all)."""
+    ``keep_going``, every one that fails, after checking them all). With
+    ``tests_matching`` (a regex), only prefixes whose commit subject matches it
+    run their tests; the others are import-checked."""
     torch_root, _ = importer.find_torch()
     commits = workflow.git(
         ["rev-list", "--reverse", f"{workflow.BASE_TAG}..HEAD"], repo
@@ -236,9 +295,19 @@ def check_prefixes(
         skip_tests = prefix_tests == "none" or (
             prefix_tests == "skip-last" and index == len(commits) - 1
         )
+        if tests_matching is not None:
+            subject = workflow.git(["log", "-1", "--format=%s"], repo).strip()
+            skip_tests = skip_tests or not re.search(tests_matching, subject)
         _log_prefix(index, len(commits), len(modules), tests, skip_tests, prefix_tests)
         try:
-            check_prefix(repo, scratch, index, modules, [] if skip_tests else tests)
+            check_prefix(
+                repo,
+                scratch,
+                index,
+                modules,
+                [] if skip_tests else tests,
+                bind_cpp=compat_linked,
+            )
         except OverlayError as e:
             if not keep_going:
                 raise

@@ -68,6 +68,8 @@ TEST_EXCLUDED = ("overlay", "conftest.py")
 # What the ownership file may declare per patch, and per pull request.
 FILE_KINDS = ("modules", "tests", "csrc")
 PR_FIELDS = ("title", "summary")
+# `compat = true` on a patch: backport-only glue (NOTE: [Compat patches]).
+COMPAT_FIELD = "compat"
 # Upstream's subsystem tags; every exported title starts with one.
 TITLE_TAGS = ("[dynamo]", "[functorch]", "[aotautograd]", "[inductor]")
 # DEP-3 (https://dep-team.pages.debian.net/deps/dep3/) header fields: the patch
@@ -324,11 +326,15 @@ def load_ownership(
         )
     owned = {}
     for name, fields in data.get("patches", {}).items():
-        bad = set(fields) - set(FILE_KINDS)
+        bad = set(fields) - set(FILE_KINDS) - {COMPAT_FIELD}
         if bad:
             raise OverlayError(
-                f"{path}: patch {name} declares {sorted(bad)}; the kinds are {FILE_KINDS}"
+                f"{path}: patch {name} declares {sorted(bad)}; the kinds are "
+                f"{FILE_KINDS}, plus {COMPAT_FIELD} = true"
             )
+        if COMPAT_FIELD in fields:
+            _check_compat_declaration(path, name, fields)
+            continue
         owned[name] = {kind: list(fields.get(kind, [])) for kind in FILE_KINDS}
     prs = {}
     for number, fields in data.get("pr", {}).items():
@@ -339,6 +345,54 @@ def load_ownership(
             )
         prs[int(number)] = dict(fields)
     return owned, prs
+
+
+# NOTE: [Compat patches]
+# A patch marked `compat = true` in export.toml is backport-only glue that
+# torch 2.7.1 needs and upstream never will (e.g. importing the companion
+# extension that attaches CInterpreter.serialize at import torch). The overlay
+# and the wheel apply it like any patch; the export leaves it out, so neither
+# the exported commits nor export-check's prefix bisection ever see it. It owns
+# no new files, and it comes after every exported patch, so that each exported
+# prefix is exactly what the overlay tested up to that point.
+def _check_compat_declaration(path: Path, name: str, fields: dict) -> None:
+    if fields[COMPAT_FIELD] is not True:
+        raise OverlayError(
+            f"{path}: patch {name}: {COMPAT_FIELD} must be true (or left out), "
+            f"not {fields[COMPAT_FIELD]!r}"
+        )
+    kinds = sorted(kind for kind in FILE_KINDS if fields.get(kind))
+    if kinds:
+        raise OverlayError(
+            f"{path}: compat patch {name} declares {kinds}; a compat patch is never "
+            "exported, so it owns no new files"
+        )
+
+
+def compat_patch_names(path: Path) -> set[str]:
+    """The patches export.toml marks ``compat = true`` (never exported)."""
+    if not path.is_file():
+        return set()
+    patches = tomllib.loads(path.read_text()).get("patches", {})
+    return {name for name, fields in patches.items() if fields.get(COMPAT_FIELD)}
+
+
+def exported_patches(patches: list[series.Patch], compat: set[str]) -> list[series.Patch]:
+    """``patches`` without the compat ones, which must all come last."""
+    unknown = sorted(compat - {p.name for p in patches})
+    if unknown:
+        raise OverlayError(
+            f"{OWNERSHIP_FILE} marks {unknown} compat, which the series does not list"
+        )
+    names = [p.name for p in patches]
+    first_compat = min((names.index(n) for n in compat), default=len(names))
+    late = [n for n in names[first_compat:] if n not in compat]
+    if late:
+        raise OverlayError(
+            f"{late} come after the compat patch {names[first_compat]} in the series; "
+            "compat patches (never exported) must be the last ones"
+        )
+    return [p for p in patches if p.name not in compat]
 
 
 def exportable_files() -> dict[str, dict[str, Path]]:
@@ -439,8 +493,9 @@ def group_commits(
 
 def plan_export(directory: Path | None = None) -> list[ExportCommit]:
     """The export's commits, from the series, its ownership file and the new files."""
-    patches = series.read_series(directory)
-    declared, pr_fields = load_ownership(ownership_file(directory))
+    path = ownership_file(directory)
+    patches = exported_patches(series.read_series(directory), compat_patch_names(path))
+    declared, pr_fields = load_ownership(path)
     owned = assign_files(declared, [p.name for p in patches], exportable_files())
     return group_commits([read_patch_info(p) for p in patches], owned, pr_fields)
 
@@ -723,6 +778,13 @@ def main(argv: list[str] | None = None) -> int:
         "[Bisecting the export] in export_bisect.py; default: all but the last)",
     )
     parser.add_argument(
+        "--prefix-tests-matching",
+        metavar="REGEX",
+        default=None,
+        help="with --check: of the prefixes --prefix-tests selects, run the tests "
+        "only of those whose commit subject matches REGEX (the others: imports)",
+    )
+    parser.add_argument(
         "--keep-going",
         action="store_true",
         help="with --check: check every prefix, then report all that fail",
@@ -748,7 +810,11 @@ def main(argv: list[str] | None = None) -> int:
             repo = check(args.export_dir or args.out, Path(scratch))
             if not args.no_bisect:
                 export_bisect.check_prefixes(
-                    repo, Path(scratch), args.prefix_tests, args.keep_going
+                    repo,
+                    Path(scratch),
+                    args.prefix_tests,
+                    args.keep_going,
+                    tests_matching=args.prefix_tests_matching,
                 )
     except OverlayError as e:
         log.error("export_upstream: FAILED: %s", e)

@@ -87,9 +87,12 @@ class TestUpstreamExport(TestCase):
         super().tearDownClass()
 
     def series_infos(self):
+        """The exported patches of the series (compat patches left out)."""
         from torch_overlay._overlay.series import read_series
 
-        return [self.exporter.read_patch_info(p) for p in read_series()]
+        compat = self.exporter.compat_patch_names(self.exporter.ownership_file())
+        patches = self.exporter.exported_patches(read_series(), compat)
+        return [self.exporter.read_patch_info(p) for p in patches]
 
     def test_series_applies(self):
         proc = run_exporter("--check", "--no-bisect", "--export-dir", str(self.out))
@@ -274,6 +277,41 @@ class TestUpstreamExport(TestCase):
         commits = self.exporter.group_commits([*infos, late], owned, {})
         self.assertEqual(commits[-1].patches, [late])
         self.assertEqual(commits[-1].title, "[dynamo] A later change")
+
+    def test_compat_patches_are_applied_but_never_exported(self):
+        from torch_overlay._overlay.series import read_series
+
+        compat = self.exporter.compat_patch_names(self.exporter.ownership_file())
+        patches = read_series()
+        self.assertTrue(compat, "export.toml marks no patch compat")
+        self.assertEqual([p.name for p in patches[-len(compat) :]], sorted(compat))
+        titles = [
+            self.exporter.series.read_subject_text(t) for t in self.texts.values()
+        ]
+        for patch in patches[-len(compat) :]:
+            self.assertNotIn(patch.subject, titles)
+            text = patch.path.read_text()
+            self.assertIn("import torch._functorch._interpreter_serialization", text)
+        for name, text in self.texts.items():
+            self.assertNotIn("import torch._functorch._interpreter_serialization", text, name)
+            self.assertNotIn("_require_cinterpreter_serialization", text, name)
+
+    def test_compat_patches_come_last_and_own_nothing(self):
+        from torch_overlay._overlay.series import read_series
+
+        patches = read_series()
+        with self.assertRaisesRegex(Exception, r"compat patches \(never exported\) must be the last"):
+            self.exporter.exported_patches(patches, {patches[0].name})
+        with self.assertRaisesRegex(Exception, r"marks \['no-such.patch'\] compat"):
+            self.exporter.exported_patches(patches, {"no-such.patch"})
+        self.assertEqual(self.exporter.exported_patches(patches, {patches[-1].name}), patches[:-1])
+        toml = self.tmp / "compat-owns.toml"
+        toml.write_text('[patches."x.patch"]\ncompat = true\nmodules = ["torch/x.py"]\n')
+        with self.assertRaisesRegex(Exception, r"compat patch x.patch declares \['modules'\]"):
+            self.exporter.load_ownership(toml)
+        toml.write_text('[patches."x.patch"]\ncompat = "yes"\n')
+        with self.assertRaisesRegex(Exception, r"compat must be true"):
+            self.exporter.load_ownership(toml)
 
     def test_bisect_processes_cannot_import_torch_overlay(self):
         sys.path.insert(0, str(EXPORTER.parent))
