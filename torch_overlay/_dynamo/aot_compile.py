@@ -135,14 +135,11 @@ class AOTCompiledFunction:
     @property
     def guard_manager(self):
         if self._guard_manager is None:
-            from torch._dynamo.guards import CheckFunctionManager
+            from torch._dynamo.package import load_guard_manager
 
-            self._guard_manager = CheckFunctionManager(
-                self._fn.__code__,
-                self._guards_state,
-                guards_serialization_mode="load",
-                runtime_global_scope=self._compiled.__globals__,
-            ).guard_manager
+            self._guard_manager = load_guard_manager(
+                self._guards_state, self._fn.__code__, self._compiled.__globals__
+            )
         return self._guard_manager
 
     def disable_guard_check(self) -> None:

@@ -83,20 +83,30 @@ def load_guards_state(guards_state: bytes):
     return guard_serialization.load_guards_state(bytes(guards_state))
 
 
-def load_guard_manager(guards_state, target_code: types.CodeType, runtime_global_scope: dict):
+def load_guard_manager(
+    guards_state,
+    target_code: types.CodeType,
+    runtime_global_scope: dict,
+    cache_entry=None,
+):
     """The guard manager of saved guards, for frames of ``target_code``.
 
-    ``guards_state`` is what :func:`load_guards_state` returned. Globals are
-    read from ``runtime_global_scope`` (the globals of the module that owns
-    ``target_code``) whenever the guards run, so a changed global fails them.
-    ``.check(f_locals)`` of the result decides like the guards that were saved.
+    ``guards_state`` is what :func:`load_guards_state` returned (or its bytes).
+    Globals are read from ``runtime_global_scope`` (the globals of the module
+    that owns ``target_code``) whenever the guards run, so a changed global
+    fails them. ``.check(f_locals)`` of the result decides like the guards that
+    were saved. Built as upstream builds it: the saved OutputGraphGuardsState in
+    place of the OutputGraph, with its shape_code_parts.
     """
     from torch._dynamo.guards import CheckFunctionManager
 
+    if isinstance(guards_state, (bytes, bytearray, memoryview)):
+        guards_state = load_guards_state(guards_state)
     return CheckFunctionManager(
         target_code,
-        guards_state,
-        guards_serialization_mode="load",
+        guards_state.output_graph,
+        cache_entry,
+        shape_code_parts=guards_state.shape_code_parts,
         runtime_global_scope=runtime_global_scope,
     ).guard_manager
 
@@ -985,7 +995,6 @@ class CompilePackage:
         if not self._loaded and not self._loaded_skips:
             return None
         from torch._dynamo.convert_frame import input_codes, orig_code_map, output_codes
-        from torch._dynamo.guards import CheckFunctionManager
         from torch._dynamo.types import GuardedCode
         from torch._guards import CompileId
 
@@ -995,13 +1004,9 @@ class CompilePackage:
                 continue
             if loaded.guard_manager is None:
                 try:
-                    loaded.guard_manager = CheckFunctionManager(
-                        code,
-                        loaded.entry.guards_state,
-                        cache_entry,
-                        guards_serialization_mode="load",
-                        runtime_global_scope=loaded.f_globals,
-                    ).guard_manager
+                    loaded.guard_manager = load_guard_manager(
+                        loaded.entry.guards_state, code, loaded.f_globals, cache_entry
+                    )
                 except PackageError as e:
                     # Its guards cannot be rebuilt in this process: the entry is
                     # dropped and the frame compiles (or fail_on_recompile says so).
