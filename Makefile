@@ -64,7 +64,13 @@ $(EXT_SO): $(EXT_SRCS) setup.py | $(STAMP) $(NLOHMANN_JSON_HEADER)
 
 ext: $(EXT_SO)
 
-test: lint test-overlay test-wheel export-check-imports agree-overlay-wheel
+# The two suites run side by side (-j2: the overlay's in the dev venv, the
+# wheel's in its own; neither shares a cache directory with the other), each
+# one's output printed whole when it finishes (--output-sync=target); then the
+# checks that read both.
+test: lint
+	$(MAKE) -j2 --output-sync=target test-overlay test-wheel
+	$(MAKE) export-check-imports agree-overlay-wheel
 
 # Lint as upstream does (configuration in pyproject.toml): ruff with upstream
 # pytorch's rule selection over the whole tree, and mypy on the mirrored torch
@@ -86,8 +92,10 @@ lint: $(LINT_STAMP)
 # every test (the junit XML of the two runs below, read back) and every guard and
 # precompile probe decision, by the behaviour diff's one rule (NOTE: [What counts
 # as a disagreement] in tools/behaviour_diff/diff_upstream.py); exit 1 otherwise.
-# Report: $(BUILD)/diff-overlay-wheel/report.md.
-agree-overlay-wheel: test-overlay test-wheel
+# Report: $(BUILD)/diff-overlay-wheel/report.md. It reads the junit XML that
+# test-overlay and test-wheel wrote (`make test` runs them first), and runs the
+# probes itself.
+agree-overlay-wheel: venv wheel-venv
 	$(PY) $(BEHAVIOUR_DIFF) --out $(BUILD)/diff-overlay-wheel \
 		--envs overlay,wheel --require-agreement overlay,wheel \
 		--junit overlay=$(BUILD)/junit/overlay.xml --junit wheel=$(BUILD)/junit/wheel.xml $(DIFF_ARGS)
