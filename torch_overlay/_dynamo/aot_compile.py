@@ -321,12 +321,26 @@ def load_compiled_function(file, *, f_globals=None, external_data=None) -> AOTCo
         raise PackageError(f"{where} holds {len(loaded)} entries, not one")
     entry = loaded[0]
     fn = _function_of(entry.entry.code_key, manifest["aot_compile"], where)
+    _check_belongs(entry, fn, where)
     runtime_globals = entry.f_globals
     if f_globals is not None:
         runtime_globals = {**entry.f_globals, **f_globals}
     return AOTCompiledFunction(
         fn, entry.out_code, runtime_globals, entry.entry.guards_state, package
     )
+
+
+def _check_belongs(entry, fn, where) -> None:
+    """The loaded bytecode runs in ``fn``'s module and has ``fn``'s code's identity
+    (NOTE: [Bytecode of loaded entries])."""
+    from .package import check_bytecode_belongs
+
+    if entry.entry.global_module != fn.__globals__.get("__name__"):
+        raise PackageError(
+            f"{where}: its entry runs in module {entry.entry.global_module[:100]!r}, not in "
+            f"{fn.__globals__.get('__name__')!r} where {fn.__qualname__} lives"
+        )
+    check_bytecode_belongs(entry.out_code, fn.__code__, f"{where}: entry of {fn.__qualname__}")
 
 
 # NOTE: [Finding a local function again]
@@ -450,8 +464,10 @@ class AOTCompiledModel:
     @classmethod
     def deserialize(cls, model: torch.nn.Module, data: bytes) -> AOTCompiledModel:
         """The compiled forward ``serialize`` wrote, bound to ``model``."""
+        from .package import _BuiltinsOnlyUnpickler
+
         try:
-            archives = pickle.loads(data)
+            archives = _BuiltinsOnlyUnpickler(io.BytesIO(data)).load()
         except Exception as e:
             raise PackageError(f"aot_compile'd module data is damaged: {e!r}") from e
         if not isinstance(archives, list) or not all(

@@ -32,7 +32,6 @@ import os
 import pickle
 import shutil
 import sys
-import tempfile
 import threading
 import time
 import types
@@ -60,8 +59,17 @@ from .package_artifacts import (
     deserialize_graph,
     overlay_series_hash,
     PACKAGE_FORMAT_VERSION,
-    read_manifest,
     serialize_graph,
+)
+from .package_artifacts import check_manifest
+from .package_trust import (
+    check_files,
+    check_manifest_schema,
+    extract_kernels,
+    manifest_bytes,
+    read_package,
+    sign_manifest,
+    SIGNATURE_FILE,
 )
 
 
@@ -511,10 +519,169 @@ class _LoadedEntry:
 
 
 class _BuiltinsOnlyUnpickler(pickle.Unpickler):
+    """Reads dynamo.bin: builtin containers, str, bytes and numbers only."""
+
     def find_class(self, module, name):
         raise PackageError(
-            f"{_DYNAMO_FILE} may only hold builtin containers, not {module}.{name}"
+            f"{_DYNAMO_FILE} may only hold builtin containers, not {str(module)[:80]}.{str(name)[:80]}"
         )
+
+
+# What each kind of global reference in an entry holds after its tag.
+_GLOBAL_REF_FIELDS = {
+    "graph": (str,),
+    "resume": (str, bytes),
+    "module": (str,),
+    "named": (str, str),
+}
+_CODE_KEY_KINDS = ("function", "resume", "inline_wrapper")
+_ARTIFACT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+
+def _read_entries(files: dict[str, bytes], path) -> list[_Entry]:
+    """The entries of ``dynamo.bin``, each field checked to have its type."""
+    try:
+        raw_entries = _BuiltinsOnlyUnpickler(io.BytesIO(files[_DYNAMO_FILE])).load()
+    except PackageError as e:
+        raise PackageError(f"package {path}: {e}") from e
+    except Exception as e:
+        raise PackageError(f"package {path}: {_DYNAMO_FILE} is damaged: {e!r}"[:600]) from e
+    if not isinstance(raw_entries, list):
+        raise PackageError(f"package {path}: {_DYNAMO_FILE} is not a list of entries")
+    entries = []
+    for i, fields in enumerate(raw_entries):
+        where = f"package {path}: {_DYNAMO_FILE} entry {i}"
+        if not (isinstance(fields, tuple) and len(fields) == len(dataclasses.fields(_Entry))):
+            raise PackageError(f"{where} is not an entry")
+        entry = _Entry(*fields)
+        key = entry.code_key
+        if not (
+            isinstance(key, tuple)
+            and len(key) == 3
+            and key[0] in _CODE_KEY_KINDS
+            and all(isinstance(k, str) for k in key)
+        ):
+            raise PackageError(f"{where}: field code_key is malformed")
+        for field, type_ in (("out_code", bytes), ("guards_state", bytes), ("global_module", str), ("globals", dict)):
+            if not isinstance(getattr(entry, field), type_):
+                raise PackageError(f"{where}: field {field} is a {type(getattr(entry, field)).__name__}")
+        for name, ref in entry.globals.items():
+            shape = _GLOBAL_REF_FIELDS.get(ref[0]) if isinstance(ref, tuple) and ref else None
+            if not (
+                isinstance(name, str)
+                and name.isidentifier()
+                and shape is not None
+                and len(ref) == 1 + len(shape)
+                and all(isinstance(v, t) for v, t in zip(ref[1:], shape))
+            ):
+                raise PackageError(f"{where}: global {str(name)[:80]!r} is malformed")
+        entries.append(entry)
+    return entries
+
+
+def _check_package_contents(entries: list[_Entry], files: dict[str, bytes], path) -> None:
+    """Every file is one a package holds, and every graph an entry names is there."""
+    for name in files:
+        if name == _DYNAMO_FILE:
+            continue
+        folder, _, base = name.partition("/")
+        stem, dot, ext = base.rpartition(".")
+        if not (
+            (folder, dot + ext) in (("graphs", ".bin"), ("kernels", ".so"))
+            and stem
+            and set(stem) <= _ARTIFACT_CHARS
+        ):
+            raise PackageError(f"package {path}: {name[:80]!r} is not a file a package holds")
+    for entry in entries:
+        for name, ref in entry.globals.items():
+            if ref[0] == "graph" and f"graphs/{ref[1]}.bin" not in files:
+                raise PackageError(
+                    f"package {path}: the entry of {_describe_key(entry.code_key)} calls graph "
+                    f"{ref[1][:80]!r} (global {name}), which the package does not hold"
+                )
+
+
+def _unmarshal_code(data: bytes, what: str) -> types.CodeType:
+    try:
+        code = marshal.loads(data)
+    except Exception as e:
+        raise PackageError(f"{what}: its bytecode is damaged: {e!r}"[:400]) from e
+    if not isinstance(code, types.CodeType):
+        raise PackageError(f"{what}: its bytecode is a {type(code).__name__}, not a code object")
+    return code
+
+
+# NOTE: [Bytecode of loaded entries]
+# Dynamo's transformed bytecode keeps the frame's identity: the same name,
+# file, argument counts, argument names, free variables and kind (generator,
+# coroutine, *args, **kwargs), because it runs in the original frame. A loaded
+# entry's bytecode is checked against the live code it is installed for
+# before it is used, so bytecode saved for another function (or written by
+# hand into an unsigned package) is refused unless it has that function's
+# shape. It is still code: only a signature says who wrote it.
+_CODE_IDENTITY = ("co_name", "co_filename", "co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_freevars")
+_CODE_KIND_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
+
+
+def check_bytecode_belongs(code: types.CodeType, live: types.CodeType, what: str) -> None:
+    """PackageError unless ``code`` (saved bytecode) has ``live``'s identity."""
+    for field in _CODE_IDENTITY:
+        if getattr(code, field) != getattr(live, field):
+            raise PackageError(
+                f"{what}: its bytecode is not of the live function {live.co_qualname} "
+                f"({field} {str(getattr(code, field))[:80]!r}, the function's "
+                f"{str(getattr(live, field))[:80]!r})"
+            )
+    nargs = live.co_argcount + live.co_kwonlyargcount
+    nargs += bool(live.co_flags & inspect.CO_VARARGS) + bool(live.co_flags & inspect.CO_VARKEYWORDS)
+    if code.co_varnames[:nargs] != live.co_varnames[:nargs] or (
+        (code.co_flags ^ live.co_flags) & _CODE_KIND_FLAGS
+    ):
+        raise PackageError(
+            f"{what}: its bytecode is not of the live function {live.co_qualname} "
+            "(its arguments or kind differ)"
+        )
+
+
+def _check_guards_state(entry: _Entry, code: types.CodeType, what: str) -> None:
+    """The entry's guards are a guards state for this code, read with the
+    guards' restricted unpickler, each field of its type."""
+    from torch._dynamo.guard_serialization import load_guards_state, OutputGraphGuardsState
+
+    try:
+        state = load_guards_state(entry.guards_state)
+    except PackageError as e:
+        raise PackageError(f"{what}: {e}") from e
+    output_graph = state.output_graph
+    if not isinstance(output_graph, OutputGraphGuardsState):
+        raise PackageError(f"{what}: its guards state holds no output graph state")
+    for field in dataclasses.fields(OutputGraphGuardsState):
+        expected = {"dict": dict, "list": list, "set": set, "str": str, "tuple": tuple, "int": int, "bool": bool}.get(
+            str(field.type)
+        )
+        value = getattr(output_graph, field.name, None)
+        if expected is not None and not isinstance(value, expected):
+            raise PackageError(f"{what}: its guards state field {field.name} is a {type(value).__name__}")
+    if output_graph.code_name != code.co_name:
+        raise PackageError(f"{what}: its guards were saved for {output_graph.code_name[:80]!r}, not {code.co_name!r}")
+
+
+def _named_module(name: str, entry: _Entry) -> types.ModuleType:
+    """A module alias the saved bytecode reads: one already imported, or torch's own."""
+    module = sys.modules.get(name)
+    if module is None and (name == "torch" or name.startswith("torch.")):
+        try:
+            module = importlib.import_module(name)
+        except Exception as e:
+            raise PackageError(
+                f"the entry of {_describe_key(entry.code_key)} needs module {name[:100]}: {e!r}"
+            ) from e
+    if module is None:
+        raise PackageError(
+            f"the entry of {_describe_key(entry.code_key)} needs module {name[:100]!r}, which "
+            "is not imported (a package never imports a module by name)"
+        )
+    return module
 
 
 _NOT_YET = object()
@@ -790,7 +957,13 @@ class CompilePackage:
             "skipped_frames": sum(1 for entry in kept if not entry.out_code),
             "files": {name: _sha256(data) for name, data in sorted(files.items())},
         }
+        # NOTE: [Trust model of compile packages]: signed with
+        # config.package_signing_key, the signature file next to the manifest.
+        signature = sign_manifest(manifest_bytes(manifest))
+        if signature is not None:
+            files[SIGNATURE_FILE] = signature
         return files, manifest
+
 
     def _keep_resolvable(self, entries: list[_Entry]) -> list[_Entry]:
         """The entries a fresh process can find the code of; the others are left
@@ -847,78 +1020,74 @@ class CompilePackage:
 
     # -- load --------------------------------------------------------------
     def load(self, path: Optional[str] = None) -> list[_LoadedEntry]:
-        """Read a package directory; its entries are then looked up on calls."""
+        """Read a package directory; its entries are then looked up on calls.
+
+        The package is read with the configured trust (NOTE: [Trust model of
+        compile packages]): its manifest's signature is verified before any
+        other file is opened, and every file is read confined to the package
+        and checked against the manifest's sha256."""
         given = path or self.path
         if given is None:
             raise PackageError("no package path: pass torch.compile(..., package=path)")
-        where = Path(given)
-        manifest = read_manifest(where)
-        files = {}
-        for name in manifest["files"]:
-            try:
-                files[name] = (where / name).read_bytes()
-            except OSError as e:
-                raise PackageError(f"package {where} is missing {name}: {e}") from e
-        return self.load_files(files, manifest, where, kernel_dir=where)
+        from . import package_storage
 
-    def load_files(self, files, manifest, path, kernel_dir: Optional[Path] = None):
-        """Install entries from a package's verified files (directory or archive)."""
-        started = time.perf_counter()
-        self._loaded_devices |= set(manifest.get("device", "cpu").split(","))
-        self._loaded_frozen = self._loaded_frozen or bool(manifest.get("frozen"))
-        for name, digest in manifest["files"].items():
-            if name not in files:
-                raise PackageError(f"package {path} is missing {name}")
-            if _sha256(files[name]) != digest:
-                raise PackageError(
-                    f"package {path}: {name} is corrupted (sha256 does not match the manifest)"
-                )
-        kernel_dir_is_ours = kernel_dir is None
-        if kernel_dir is None:
-            # An archive: kernel binaries must be files to be loaded.
-            kernel_dir = Path(tempfile.mkdtemp(prefix="torch_package_kernels_"))
-            for name, data in files.items():
-                if name.startswith("kernels/"):
-                    (kernel_dir / "kernels").mkdir(exist_ok=True)
-                    (kernel_dir / name).write_bytes(data)
-        verified = time.perf_counter()
-        try:
-            raw_entries = _BuiltinsOnlyUnpickler(io.BytesIO(files[_DYNAMO_FILE])).load()
-            entries = [_Entry(*fields) for fields in raw_entries]
-        except PackageError:
-            raise
-        except Exception as e:
-            raise PackageError(f"package {path}: {_DYNAMO_FILE} is damaged: {e!r}") from e
-        kernel_paths = {
-            name[len("kernels/") : -len(".so")]: str(kernel_dir / name)
-            for name in files
-            if name.startswith("kernels/")
-        }
-        self._loaded_kernels.update(
-            {h: files[f"kernels/{h}.so"] for h in kernel_paths}
+        if package_storage.is_remote(given):
+            # NOTE: [Packages in object storage]
+            with package_storage.fetched_package(str(given), check_manifest) as fetched:
+                package = read_package(fetched, check_manifest)
+            return self.load_files(package.files, package.manifest, given)
+        where = package_storage.local_path(given)
+        # NOTE: [Replacing a package atomically]
+        package = package_storage.read_consistently(
+            where, lambda local: read_package(local, check_manifest)
         )
+        return self.load_files(package.files, package.manifest, where)
+
+    def load_files(self, files, manifest, path):
+        """Install entries from a package's verified files (directory or archive).
+
+        Everything is checked before anything is installed: the manifest's
+        fields, every file against its sha256, the entries' structure, the
+        graphs and kernels they name, their bytecode and guards against the
+        live function; a failed load leaves nothing behind (no temp files)."""
+        started = time.perf_counter()
+        manifest = check_manifest_schema(manifest, path)
+        check_files(files, manifest, path)
+        entries = _read_entries(files, path)
+        _check_package_contents(entries, files, path)
+        kernel_dir, kernel_paths = extract_kernels(files, path)
+        verified = time.perf_counter()
         redirect = _KernelRedirect(kernel_paths)
-        if kernel_dir_is_ours:
+        try:
+            graphs = self._load_graphs(files, redirect, path)
+            checked = [(entry, self._checked_code(entry, path)) for entry in entries if entry.out_code]
+        except BaseException:
+            if kernel_dir is not None:
+                shutil.rmtree(kernel_dir, ignore_errors=True)
+            raise
+        if kernel_dir is not None:
             # Kernels load when a graph first runs; the copies go with the last
             # graph that may load them, or at exit.
             weakref.finalize(redirect, shutil.rmtree, str(kernel_dir), True)
-        graphs = self._load_graphs(files, redirect, path)
-        if any(v.startswith("kernels/") for v in files) or any(
-            isinstance(g, _PackagedInductorGraph) for g in graphs.values()
-        ):
+        if kernel_paths or any(isinstance(g, _PackagedInductorGraph) for g in graphs.values()):
             _trust_recorded_vec_isa()
         unpickled = time.perf_counter()
+        self._loaded_devices |= set(manifest.get("device", "cpu").split(","))
+        self._loaded_frozen = self._loaded_frozen or bool(manifest.get("frozen"))
+        self._loaded_kernels.update({h: files[f"kernels/{h}.so"] for h in kernel_paths})
+        self._loaded_graph_blobs.update(
+            {name[len("graphs/") : -len(".bin")]: files[name] for name in files if name.startswith("graphs/")}
+        )
         self._entries_from_packages |= {id(entry) for entry in entries}
         skips = [entry for entry in entries if not entry.out_code]
-        entries = [entry for entry in entries if entry.out_code]
         self.skipped.extend(skips)
         self._loaded_skips.extend(skips)
         installed = []
-        for entry in entries:
-            loaded = self._install_loaded(entry, graphs)
+        for entry, codes in checked:
+            loaded = self._install_loaded(entry, graphs, codes)
             if loaded is not None:
                 installed.append(loaded)
-        self.entries.extend(entries)
+        self.entries.extend(entry for entry, _ in checked)
         finished = time.perf_counter()
         # Seconds per phase of the last load. Guard managers are built on a
         # frame's first lookup and kernel binaries load when a graph first runs.
@@ -947,25 +1116,72 @@ class CompilePackage:
         for name, data in files.items():
             if name.startswith("graphs/"):
                 artifact = name[len("graphs/") : -len(".bin")]
-                self._loaded_graph_blobs[artifact] = data
                 try:
                     graphs[artifact] = deserialize_graph(data, redirect, artifact)
+                except PackageError as e:
+                    raise PackageError(f"package {path}: {name}: {e}") from e
                 except Exception as e:
-                    raise PackageError(f"package {path}: graph {artifact} is damaged: {e!r}") from e
+                    raise PackageError(f"package {path}: graph {artifact} is damaged: {e!r}"[:600]) from e
                 check_frozen_parameters(graphs[artifact], module, f"{artifact} of {path}")
         return graphs
 
-    def _install_loaded(self, entry: _Entry, graphs: dict) -> Optional[_LoadedEntry]:
+    def _checked_code(self, entry: _Entry, path) -> dict[str, types.CodeType]:
+        """The entry's code objects (its bytecode under "", resume functions by
+        global name), each checked to belong to the function it is installed for
+        (NOTE: [Bytecode of loaded entries]); its guards state checked too."""
+        what = f"package {path}: entry of {_describe_key(entry.code_key)}"
+        codes = {"": _unmarshal_code(entry.out_code, what)}
+        live = None
+        if entry.code_key[0] == "inline_wrapper":
+            live = _inline_wrapper_code()
+        elif entry.code_key[0] == "function":
+            live = _resolve_code(entry.code_key, self._root_codes())
+        elif codes[""].co_name != entry.code_key[1]:
+            raise PackageError(f"{what}: its bytecode is of {codes[''].co_name[:80]!r}")
+        if live is not None:
+            check_bytecode_belongs(codes[""], live, what)
+        for name, ref in entry.globals.items():
+            if ref[0] == "resume":
+                code = _unmarshal_code(ref[2], f"{what}, resume function {name}")
+                if not (_is_resume_code(code) and code.co_name == ref[1]):
+                    raise PackageError(f"{what}: global {name} is not the resume function it names")
+                codes[name] = code
+        _check_guards_state(entry, codes[""], what)
+        return codes
+
+    def _modules_named_by_live_function(self) -> Optional[set]:
+        """The modules the compiled function's globals (and, for a module, its
+        submodules' classes) name: the only ones an entry may run in. None when
+        the function is not known yet (aot_compile checks after the load)."""
+        fn = self._fn
+        if fn is None:
+            return None
+        names = {"torch._dynamo.external_utils"}  # the inline wrapper's frame
+        holders = [fn]
+        if isinstance(fn, torch.nn.Module):
+            holders = [type(m).forward for m in fn.modules()]
+            names |= {type(m).__module__ for m in fn.modules()}
+        for holder in holders:
+            holder = getattr(holder, "__func__", holder)
+            f_globals = getattr(holder, "__globals__", None) or {}
+            names.add(f_globals.get("__name__") or getattr(holder, "__module__", None))
+            for value in f_globals.values():
+                owner = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+                if isinstance(owner, str):
+                    names.add(owner)
+        return names
+
+    def _install_loaded(self, entry: _Entry, graphs: dict, codes: dict) -> Optional[_LoadedEntry]:
+        allowed = self._modules_named_by_live_function()
         module = sys.modules.get(entry.global_module)
-        if module is None:
-            try:
-                module = importlib.import_module(entry.global_module)
-            except Exception as e:
-                warnings.warn(
-                    f"torch.compile package: entry of {_describe_key(entry.code_key)} skipped: "
-                    f"module {entry.global_module} cannot be imported ({e!r})"
-                )
-                return None
+        if module is None or (allowed is not None and entry.global_module not in allowed):
+            # Never imported by name, never run in a module the function does not name.
+            warnings.warn(
+                f"torch.compile package: entry of {_describe_key(entry.code_key)} skipped: its "
+                f"module {entry.global_module[:100]!r} is not one the compiled function's globals name"
+                + ("" if module is not None else " (nor imported)")
+            )
+            return None
         f_globals = vars(module)
         renames = {}
         for name, ref in entry.globals.items():
@@ -974,21 +1190,19 @@ class CompilePackage:
                 f_globals[unique] = torch._dynamo.disable(graphs[ref[1]])
                 renames[name] = unique
             elif ref[0] == "resume":
-                code = marshal.loads(ref[2])
-                fn = types.FunctionType(code, f_globals, ref[1])
+                fn = types.FunctionType(codes[name], f_globals, ref[1])
                 f_globals[unique] = fn
                 renames[name] = unique
             elif ref[0] == "module":
-                f_globals.setdefault(name, importlib.import_module(ref[1]))
+                f_globals.setdefault(name, _named_module(ref[1], entry))
             else:
                 from torch._dynamo.guard_serialization import _NamedRef, resolve_name
 
                 f_globals.setdefault(name, resolve_name(_NamedRef(ref[1], ref[2])))
-        out_code = _rename_globals(marshal.loads(entry.out_code), renames)
+        out_code = _rename_globals(codes[""], renames)
         loaded = _LoadedEntry(entry, out_code, f_globals)
         self._loaded.append(loaded)
         return loaded
-
     def lookup(self, frame, cache_entry):
         """A saved entry whose guards accept this frame, installed; SKIP_FRAME
         for a code the package records as skipped; else None."""

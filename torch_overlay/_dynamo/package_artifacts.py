@@ -41,7 +41,6 @@ import ast
 import contextlib
 import dataclasses
 import hashlib
-import importlib
 import io
 import json
 import logging
@@ -50,12 +49,15 @@ import pickle
 import platform
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 from torch._dynamo.exc import PackageError
+
+from .package_trust import load_graph_pickle, load_inductor_payload
 
 
 log = logging.getLogger(__name__)
@@ -175,27 +177,49 @@ def _serialize_custom_graph(record: _GraphRecord) -> bytes:
 
 
 def _import_class(module_name: str, qualname: str):
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError):
+    """The object ``module_name.qualname`` names in a module this process has
+    already imported; a package never makes the loader import a module by name."""
+    if not (isinstance(module_name, str) and isinstance(qualname, str)):
         return None
+    obj: Any = sys.modules.get(module_name)
+    if obj is None or "<" in qualname:
+        return None
+    for part in qualname.split("."):
+        if part.startswith("__"):
+            return None
+        obj = getattr(obj, part, None)
     return obj
 
 
-def _deserialize_custom_graph(payload: dict):
+def _deserialize_custom_graph(payload: dict, name: str = "<graph>"):
     from torch._dynamo.aot_compile_types import SerializableCallable
 
-    module_name, qualname = payload["callable_class"]
+    callable_class = payload.get("callable_class")
+    if not (
+        isinstance(callable_class, tuple)
+        and len(callable_class) == 2
+        and all(isinstance(part, str) for part in callable_class)
+        and isinstance(payload.get("artifacts"), bytes)
+    ):
+        raise PackageError(f"packaged graph {name}: its custom backend artifact is malformed")
+    module_name, qualname = callable_class
     cls = _import_class(module_name, qualname)
     if not (isinstance(cls, type) and issubclass(cls, SerializableCallable)):
         raise PackageError(
             f"the graph of backend {_backend_name(payload['backend'])!r} was saved by "
-            f"{module_name}.{qualname}, which is not an importable SerializableCallable "
-            "in this process"
+            f"{module_name[:100]}.{qualname[:100]}, which is not a SerializableCallable "
+            "of a module this process has imported (import the backend's module before "
+            "loading: a package never imports a module by name)"
         )
-    return cls.deserialize_compile_artifacts(payload["artifacts"])
+    try:
+        return cls.deserialize_compile_artifacts(payload["artifacts"])
+    except PackageError:
+        raise
+    except Exception as e:
+        raise PackageError(
+            f"packaged graph {name}: {cls.__qualname__}.deserialize_compile_artifacts "
+            f"failed: {e!r}"[:600]
+        ) from e
 
 
 _CPP_PYBINDING = "cpp_pybinding"
@@ -643,8 +667,12 @@ class _KernelRedirect:
         def load_pybinding_async(klass, argtypes, source_code, *args, **kwargs):
             path = paths.get(kernel_hash(argtypes, source_code))
             if path is None:
-                log.warning("package: kernel not in package, compiling it")
-                return original.__func__(klass, argtypes, source_code, *args, **kwargs)
+                # A packaged graph only runs the kernels its package verified
+                # (deserialize_graph checks the list at load); never gcc.
+                raise PackageError(
+                    f"packaged graph needs kernel {kernel_hash(argtypes, source_code)}, "
+                    "which its package does not hold"
+                )
             key = "overlay_pkg_" + os.path.basename(path)[: -len(".so")]
 
             def load():
@@ -663,7 +691,11 @@ class _KernelRedirect:
 def _graph_from_blob(blob: bytes, constants, example_inputs, fx_config, extern_kernel_refs, redirect):
     """A packaged CompiledFxGraph made runnable: unpickled, its extern kernels
     registered, its kernels loaded from the package (redirect), post-compiled."""
-    graph = pickle.loads(blob)
+    from torch._inductor.output_code import CompiledFxGraph
+
+    graph = load_graph_pickle(blob, "compiled graph")
+    if not isinstance(graph, CompiledFxGraph):
+        raise PackageError(f"packaged compiled graph is a {type(graph).__name__}, not a CompiledFxGraph")
     _register_extern_kernels(extern_kernel_refs)
     with redirect.active():
         graph.after_deserialization(constants)
@@ -795,15 +827,46 @@ class _PackagedAOTEagerGraph:
 
 
 def deserialize_graph(blob: bytes, redirect: _KernelRedirect, name: str):
+    """A packaged graph's callable, read with the graph allow-list (NOTE:
+    [Classes of graph artifacts]); any damage is a PackageError naming it."""
     if blob[:2] == b"PK":  # torch.save zip: an Inductor graph
-        payload = torch.load(io.BytesIO(blob), weights_only=False)
+        payload = load_inductor_payload(blob, f"graph {name}")
+        _check_packaged_kernels(payload, redirect, name)
         return _PackagedInductorGraph(payload, redirect, name)
-    payload = pickle.loads(blob)
-    if payload["backend"].startswith(_CUSTOM_BACKEND):
-        return _deserialize_custom_graph(payload)
-    if payload["backend"] == "eager":
-        return payload["gm"].forward
-    return _PackagedAOTEagerGraph(payload["gm"])
+    payload = load_graph_pickle(blob, f"graph {name}")
+    backend = payload.get("backend") if isinstance(payload, dict) else None
+    if not isinstance(backend, str):
+        raise PackageError(f"packaged graph {name} is not a graph artifact (no backend field)")
+    if backend.startswith(_CUSTOM_BACKEND):
+        return _deserialize_custom_graph(payload, name)
+    gm = payload.get("gm")
+    if backend not in ("eager", "aot_eager") or not isinstance(gm, torch.fx.GraphModule):
+        raise PackageError(f"packaged graph {name}: backend {backend[:40]!r} with no graph module")
+    if backend == "eager":
+        return gm.forward
+    return _PackagedAOTEagerGraph(gm)
+
+
+def _check_packaged_kernels(payload: dict, redirect: _KernelRedirect, name: str) -> None:
+    """Every CPU kernel the graph's code loads is one its package holds."""
+    for field in ("fw_graph", "bw_graph"):
+        if payload.get(field) is None:
+            continue
+        graph = load_graph_pickle(payload[field], f"graph {name} ({field})")
+        source = getattr(graph, "source_code", None)
+        if not isinstance(source, str):
+            raise PackageError(f"packaged graph {name} ({field}) has no source code")
+        try:
+            sources = _kernel_sources(source)
+        except (SyntaxError, ValueError, RecursionError) as e:
+            raise PackageError(f"packaged graph {name} ({field}): damaged source code: {e!r}") from e
+        for argtypes, kernel_source in sources:
+            digest = kernel_hash(argtypes, kernel_source)
+            if digest not in redirect.kernel_paths:
+                raise PackageError(
+                    f"packaged graph {name} ({field}) loads kernel {digest}, which is not "
+                    "in its package (a kernel is never compiled at load)"
+                )
 
 
 def _trust_recorded_vec_isa() -> None:
@@ -843,20 +906,37 @@ def _write_atomically(path: Path, files: dict[str, bytes], manifest: dict) -> No
 
 
 def read_manifest(path: Path) -> dict:
-    """Read and check a package's manifest; nothing is unpickled before this."""
-    try:
-        manifest = json.loads((Path(path) / MANIFEST).read_text())
-    except FileNotFoundError as e:
-        raise PackageError(f"{path} is not a torch.compile package (no {MANIFEST})") from e
-    except (OSError, ValueError) as e:
-        raise PackageError(f"package {path}: {MANIFEST} is damaged: {e}") from e
-    return check_manifest(manifest, path)
+    """Read and check a package's manifest (a regular file, its signature verified
+    first: NOTE: [Trust model of compile packages]); nothing else is read."""
+    from .package_trust import (
+        _exists,
+        MAX_MANIFEST_BYTES,
+        MAX_SIGNATURE_BYTES,
+        parse_manifest,
+        read_confined,
+        SIGNATURE_FILE,
+        verify_manifest,
+    )
+
+    path = Path(path)
+    if not _exists(path, MANIFEST):
+        raise PackageError(f"{path} is not a torch.compile package (no {MANIFEST})")
+    raw = read_confined(path, MANIFEST, path, MAX_MANIFEST_BYTES)
+    signature = None
+    if _exists(path, SIGNATURE_FILE):
+        signature = read_confined(path, SIGNATURE_FILE, path, MAX_SIGNATURE_BYTES)
+    verify_manifest(raw, signature, path)
+    return check_manifest(parse_manifest(raw, path), path)
 
 
 def check_manifest(manifest, path) -> dict:
-    """Check a manifest against this process (format, versions, CPU)."""
-    if not isinstance(manifest, dict) or "format_version" not in manifest:
-        raise PackageError(f"package {path}: {MANIFEST} is damaged")
+    """Check a manifest's fields (types, allowed values) and it against this
+    process (format, versions, CPU, devices)."""
+    from .package_trust import check_manifest_schema, device_available
+
+    manifest = check_manifest_schema(manifest, path)
+    if "format_version" not in manifest:
+        raise PackageError(f"package {path}: {MANIFEST} is damaged (no format_version)")
     if manifest["format_version"] != PACKAGE_FORMAT_VERSION:
         raise PackageError(
             f"package {path} has format version {manifest['format_version']}; this "
@@ -869,8 +949,8 @@ def check_manifest(manifest, path) -> dict:
                 f"package {path} was saved with {field}={manifest.get(field)!r}, "
                 f"this process has {field}={value!r}"
             )
-    for device in str(manifest.get("device", "cpu")).split(","):
-        if device not in ("cpu", "meta") and not getattr(torch, device).is_available():
+    for device in manifest.get("device", "cpu").split(","):
+        if not device_available(device):
             raise PackageError(
                 f"package {path} was compiled for device {device!r}, which this "
                 "process does not have"
@@ -881,30 +961,20 @@ def check_manifest(manifest, path) -> dict:
 
 
 def write_archive(fileobj, files: dict[str, bytes], manifest: dict) -> None:
-    """The package format in one file: an uncompressed zip of the same files."""
-    import zipfile
+    """The package format in one file: an uncompressed zip of the same files, and
+    the manifest's signature when config.package_signing_key is set."""
+    from .package_trust import manifest_bytes, sign_manifest, SIGNATURE_FILE, write_signed_archive
 
-    with zipfile.ZipFile(fileobj, "w", compression=zipfile.ZIP_STORED) as archive:
-        for name, data in sorted(files.items()):
-            archive.writestr(name, data)
-        archive.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+    raw = manifest_bytes(manifest)
+    files = {name: data for name, data in files.items() if name != SIGNATURE_FILE}
+    write_signed_archive(fileobj, files, raw, sign_manifest(raw))
 
 
 def read_archive(fileobj, where: str) -> tuple[dict[str, bytes], dict]:
-    """Files and checked manifest of an archive written by :func:`write_archive`."""
-    import zipfile
+    """Files and checked manifest of an archive written by :func:`write_archive`:
+    its signature verified first, every member name confined, every file checked
+    against the manifest's sha256 (NOTE: [Trust model of compile packages])."""
+    from .package_trust import read_archive_files
 
-    try:
-        with zipfile.ZipFile(fileobj) as archive:
-            names = set(archive.namelist())
-            if MANIFEST not in names:
-                raise PackageError(f"{where} is not a torch.compile package (no {MANIFEST})")
-            try:
-                manifest = json.loads(archive.read(MANIFEST))
-            except ValueError as e:
-                raise PackageError(f"package {where}: {MANIFEST} is damaged: {e}") from e
-            manifest = check_manifest(manifest, where)
-            files = {name: archive.read(name) for name in manifest["files"] if name in names}
-    except zipfile.BadZipFile as e:
-        raise PackageError(f"{where} is damaged or truncated: {e}") from e
-    return files, manifest
+    package = read_archive_files(fileobj, where, check_manifest)
+    return package.files, package.manifest

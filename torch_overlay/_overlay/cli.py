@@ -1,4 +1,4 @@
-"""``python -m torch_overlay``: status, edit, refresh, materialize, install-pth."""
+"""``python -m torch_overlay``: status, edit, refresh, materialize, install-pth, package."""
 
 from __future__ import annotations
 
@@ -89,6 +89,15 @@ def _install_pth(args) -> int:
     return 0
 
 
+def _package(args) -> int:
+    # torch._dynamo.package_trust is a mirrored module: served by the overlay.
+    if not importer.is_active():
+        importer.activate()
+    from torch._dynamo import package_trust
+
+    return package_trust.main(args.package_args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_overlay", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=_refresh)
     p = sub.add_parser("install-pth", help="install torch_overlay.pth into this environment")
     p.set_defaults(fn=_install_pth)
+    p = sub.add_parser("package", help="sign, verify or inspect a compile package (torch._dynamo.package_trust)")
+    p.add_argument("package_args", nargs=argparse.REMAINDER, help="sign|verify|inspect PATH ...")
+    p.set_defaults(fn=_package)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

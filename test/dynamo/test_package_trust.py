@@ -1,0 +1,368 @@
+# Owner(s): ["module: dynamo"]
+"""Signed compile packages (torch/_dynamo/package_trust.py): signing at save,
+verification before anything is read at load, package_require_signature, the
+sign / verify / inspect command line, and the checks that hold for unsigned
+packages (confined names and reads, kernel headers, the graph allow-list, the
+manifest schema). Loads run in fresh processes."""
+
+import base64
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch._dynamo.test_case
+from torch._dynamo.exc import PackageError
+from torch._dynamo.package_trust import (
+    allowed_global,
+    check_kernel_binary,
+    check_manifest_schema,
+    check_name,
+    load_graph_pickle,
+    parse_manifest,
+    read_confined,
+)
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
+
+
+MODEL = """
+import torch
+
+
+def f(x, y):
+    return torch.sin(x) + y * 2
+"""
+
+SAVE = """
+import sys
+import torch
+
+out, key = sys.argv[1], sys.argv[2]
+sys.path.insert(0, out)
+import trust_model
+
+x = torch.arange(6.0)
+for name, signing_key in (("unsigned", None), ("signed", key)):
+    with torch._dynamo.config.patch(package_signing_key=signing_key):
+        torch._dynamo.reset()
+        compiled = torch.compile(trust_model.f, backend="eager", package=f"{out}/{name}")
+        compiled(x, x)
+        compiled.save_package()
+        with torch._dynamo.config.patch(enable_aot_compile=True):
+            fn = torch.compile(trust_model.f, fullgraph=True, backend="eager").aot_compile(((x, x), {}))
+            fn.save_compiled_function(f"{out}/{name}.pt")
+print("SAVED")
+"""
+
+# One fresh process loads every case of a test: each with its own config, after
+# torch._dynamo.reset(); a case reports its result or its error's type.
+LOAD = """
+import json
+import sys
+import torch
+
+out = sys.argv[1]
+sys.path.insert(0, out)
+import trust_model
+
+x = torch.arange(6.0)
+expected = trust_model.f(x, x)
+reports = []
+for case in json.loads(sys.argv[2]):
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(**case["config"]):
+            if case["path"].endswith(".pt"):
+                loaded = torch.compiler.load_compiled_function(case["path"])
+                result = loaded(x, x)
+            else:
+                compiled = torch.compile(trust_model.f, backend="eager", package=case["path"])
+                compiled.load_package()
+                with torch.compiler.set_stance("fail_on_recompile"):
+                    result = compiled(x, x)
+        reports.append({"ok": bool(torch.equal(result, expected))})
+    except Exception as e:
+        reports.append({"error": type(e).__name__, "message": str(e)[:500]})
+print("REPORT" + json.dumps(reports))
+"""
+
+
+def _write_keys(directory: Path, name: str) -> tuple[str, str]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    private = directory / f"{name}.pem"
+    public = directory / f"{name}.pub.pem"
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return str(private), str(public)
+
+
+def _fix_sha256(package: Path, name: str) -> None:
+    """Recompute ``name``'s sha256 in the manifest (what an attacker would do)."""
+    manifest = json.loads((package / "manifest.json").read_text())
+    manifest["files"][name] = hashlib.sha256((package / name).read_bytes()).hexdigest()
+    (package / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+
+
+class _Marker:
+    """A hostile pickle: unpickling it creates a file (it must never run)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+class PackageTrustTests(torch._dynamo.test_case.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.root = Path(tempfile.mkdtemp(prefix="package-trust-"))
+        cls.key, cls.public = _write_keys(cls.root, "signer")
+        cls.other_key, cls.other_public = _write_keys(cls.root, "other")
+        (cls.root / "trust_model.py").write_text(MODEL)
+        proc = subprocess.run(
+            [sys.executable, "-c", SAVE, str(cls.root), cls.key],
+            capture_output=True,
+            text=True,
+            cwd=cls.root,
+            env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cls.root / "save-cache")},
+        )
+        assert "SAVED" in proc.stdout, proc.stderr[-4000:]
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.root, ignore_errors=True)
+        super().tearDownClass()
+
+    def copy(self, name: str) -> Path:
+        target = Path(tempfile.mkdtemp(dir=self.root)) / name
+        source = self.root / name
+        if source.is_dir():
+            shutil.copytree(source, target)
+        else:
+            shutil.copyfile(source, target)
+        return target
+
+    def load(self, cases: list[tuple[Path, dict]]) -> list[dict]:
+        payload = json.dumps([{"path": str(p), "config": c} for p, c in cases])
+        proc = subprocess.run(
+            [sys.executable, "-c", LOAD, str(self.root), payload],
+            capture_output=True,
+            text=True,
+            cwd=self.root,
+            timeout=300,
+            env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(dir=self.root)},
+        )
+        reports = [line for line in proc.stdout.splitlines() if line.startswith("REPORT")]
+        self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
+        return json.loads(reports[-1][len("REPORT") :])
+
+    def trusted(self, *keys, require=True) -> dict:
+        return {"package_trusted_keys": list(keys), "package_require_signature": require}
+
+    def test_signature_files_are_written(self):
+        self.assertTrue((self.root / "signed" / "manifest.json.sig").is_file())
+        self.assertFalse((self.root / "unsigned" / "manifest.json.sig").exists())
+        import zipfile
+
+        with zipfile.ZipFile(self.root / "signed.pt") as archive:
+            self.assertIn("manifest.json.sig", archive.namelist())
+        record = json.loads((self.root / "signed" / "manifest.json.sig").read_bytes())
+        self.assertEqual(record["algorithm"], "ed25519")
+        self.assertEqual(len(base64.b64decode(record["signature"])), 64)
+
+    def test_sign_verify_require(self):
+        marker = self.root / "marker-require"
+        hostile = self.copy("unsigned")
+        graph = next((hostile / "graphs").iterdir())
+        graph.write_bytes(pickle.dumps({"backend": "eager", "gm": _Marker(str(marker))}))
+        _fix_sha256(hostile, f"graphs/{graph.name}")
+        tampered = self.copy("signed")
+        manifest = json.loads((tampered / "manifest.json").read_text())
+        manifest["entries"] += 0
+        manifest["compile_options"]["dynamic"] = "True"
+        (tampered / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        reports = self.load(
+            [
+                (self.root / "signed", self.trusted(self.public)),
+                (self.root / "signed.pt", self.trusted(self.public)),
+                (self.root / "signed", self.trusted(self.other_public, self.public)),
+                (self.root / "unsigned", self.trusted(self.public)),
+                (self.root / "unsigned.pt", self.trusted(self.public)),
+                (hostile, self.trusted(self.public)),
+                (self.root / "signed", self.trusted(self.other_public)),
+                (self.root / "signed.pt", self.trusted(self.other_public)),
+                (tampered, self.trusted(self.public)),
+                (self.root / "signed", self.trusted(require=True)),
+                # Not required: unsigned loads; a signature that does not verify
+                # against configured keys is still refused.
+                (self.root / "unsigned", self.trusted(self.public, require=False)),
+                (self.root / "signed", self.trusted(self.other_public, require=False)),
+                (self.root / "signed", self.trusted(require=False)),
+            ]
+        )
+        ok = {"ok": True}
+        self.assertEqual(reports[:3], [ok, ok, ok])
+        for report in reports[3:10]:
+            self.assertEqual(report.get("error"), "PackageSignatureError", report)
+        self.assertIn("not signed", reports[3]["message"])
+        self.assertIn("does not verify", reports[6]["message"])
+        self.assertIn("does not verify", reports[8]["message"])
+        self.assertIn("no package_trusted_keys", reports[9]["message"])
+        self.assertEqual(reports[10], ok)
+        self.assertEqual(reports[11].get("error"), "PackageSignatureError")
+        self.assertEqual(reports[12], ok)
+        self.assertFalse(marker.exists())
+
+    def test_tampered_file_with_fixed_sha256(self):
+        # A graph changed after signing, its sha256 fixed in the manifest: the
+        # manifest no longer matches its signature.
+        tampered = self.copy("signed")
+        graph = next((tampered / "graphs").iterdir())
+        graph.write_bytes(graph.read_bytes() + b"\0")
+        _fix_sha256(tampered, f"graphs/{graph.name}")
+        # Unsigned, the same change is caught by the restricted reader (typed).
+        plain = self.copy("unsigned")
+        graph = next((plain / "graphs").iterdir())
+        graph.write_bytes(graph.read_bytes()[:-3])
+        _fix_sha256(plain, f"graphs/{graph.name}")
+        reports = self.load([(tampered, self.trusted(self.public)), (plain, {})])
+        self.assertEqual(reports[0]["error"], "PackageSignatureError")
+        self.assertEqual(reports[1]["error"], "PackageError")
+
+    def cli(self, *args, module="torch._dynamo.package_trust", **env):
+        return subprocess.run(
+            [sys.executable, "-m", module, *args],
+            capture_output=True,
+            text=True,
+            cwd=self.root,
+            env={**os.environ, **env},
+        )
+
+    def test_cli_sign_verify_inspect(self):
+        package, archive = self.copy("unsigned"), self.copy("unsigned.pt")
+        for path in (package, archive):
+            proc = self.cli("sign", str(path), "--key", self.key)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            self.assertIn("signed", proc.stdout)
+            proc = self.cli("verify", str(path), "--trusted-key", self.public)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            self.assertIn("verified", proc.stdout)
+            proc = self.cli("verify", str(path), "--trusted-key", self.other_public)
+            self.assertEqual(proc.returncode, 1)
+            self.assertIn("does not verify", proc.stderr)
+        proc = self.cli("inspect", str(package), TORCH_COMPILE_PACKAGE_TRUSTED_KEYS=self.public)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        for expected in ("signer: ed25519:", "torch_version", "dynamo.bin", "guard", "kernels: 0", "function"):
+            self.assertIn(expected, proc.stdout)
+        proc = self.cli("inspect", "--json", str(archive))
+        info = json.loads(proc.stdout)
+        self.assertTrue(info["signed"])
+        self.assertIsNone(info["signer_verified"])
+        self.assertEqual(len(info["entries"]), 1)
+        # The signed copies load with the signature required.
+        reports = self.load([(package, self.trusted(self.public)), (archive, self.trusted(self.public))])
+        self.assertEqual(reports, [{"ok": True}, {"ok": True}])
+
+    def test_overlay_cli(self):
+        try:
+            import torch_overlay  # noqa: F401
+        except ImportError:
+            self.skipTest("the torch_overlay command line is not installed (patched wheel)")
+        package = self.copy("signed")
+        proc = self.cli("package", "verify", str(package), "--trusted-key", self.public, module="torch_overlay")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("verified", proc.stdout)
+        (package / "manifest.json.sig").write_text("{}")
+        proc = self.cli("package", "verify", str(package), "--trusted-key", self.public, module="torch_overlay")
+        self.assertEqual(proc.returncode, 1)
+        self.assertIn("malformed", proc.stderr)
+
+
+class PackageTrustUnitTests(torch._dynamo.test_case.TestCase):
+    @parametrize(
+        "name",
+        ["graphs/../../../x", "/etc/hostname", "a\0b", "", "graphs//x", "./dynamo.bin", "x" * 300, "a\\b", "a/b/c/d/e", 5],
+    )
+    def test_bad_names(self, name):
+        with self.assertRaises(PackageError):
+            check_name(name, "<test>")
+
+    def test_confined_reads(self):
+        root = Path(tempfile.mkdtemp())
+        self.addCleanup(shutil.rmtree, root, True)
+        (root / "graphs").mkdir()
+        (root / "graphs" / "ok.bin").write_bytes(b"data")
+        (root / "outside").write_bytes(b"secret")
+        os.symlink(root / "outside", root / "graphs" / "link.bin")
+        os.symlink(root / "graphs", root / "dirlink")
+        os.mkfifo(root / "graphs" / "fifo.bin")
+        self.assertEqual(read_confined(root, "graphs/ok.bin", "<test>"), b"data")
+        for name in ("graphs/link.bin", "dirlink/ok.bin", "graphs/fifo.bin", "graphs", "graphs/missing.bin"):
+            with self.assertRaises(PackageError, msg=name):
+                read_confined(root, name, "<test>")
+
+    def test_kernel_headers(self):
+        import torch._C as c_module
+
+        data = Path(c_module.__file__).read_bytes()
+        check_kernel_binary(data, "kernels/x.so", "<test>")
+        for bad in (data[: len(data) // 2], data[:100], b"\x7fELF" + b"\0" * 100, b"MZ" + data[2:], data[:4] + b"\1" + data[5:]):
+            with self.assertRaises(PackageError):
+                check_kernel_binary(bad, "kernels/x.so", "<test>")
+
+    def test_graph_allow_list(self):
+        for module, name in (("os", "system"), ("builtins", "eval"), ("builtins", "getattr"), ("torch", "load"),
+                             ("torch.storage", "_load_from_bytes"), ("subprocess", "Popen"), ("builtins", "__import__"),
+                             ("torch.fx.graph_module", "__builtins__"), ("torch", "ops")):
+            self.assertIsNone(allowed_global(module, name), (module, name))
+        self.assertIs(allowed_global("torch", "float32"), torch.float32)
+        self.assertIs(allowed_global("torch._utils", "_rebuild_tensor_v2"), torch._utils._rebuild_tensor_v2)
+        with self.assertRaises(PackageError):
+            load_graph_pickle(pickle.dumps(_Marker("/nonexistent/marker")), "<test>")
+        with self.assertRaises(PackageError):
+            load_graph_pickle(b"\x80\x04garbage", "<test>")
+
+    @parametrize("device", ["xyz", "", "__class__", "cpu,", "cuda.is_available"])
+    def test_manifest_device_values(self, device):
+        with self.assertRaises(PackageError):
+            check_manifest_schema({"format_version": 2, "device": device, "files": {}}, "<test>")
+
+    def test_manifest_types_and_nesting(self):
+        for manifest in ({"device": 5}, {"files": []}, {"files": {"../x": "0" * 64}}, {"files": {"a": "zz"}},
+                         {"frozen": "yes"}, {"entries": True}, {"aot_compile": {"module": 1}}, []):
+            with self.assertRaises(PackageError, msg=repr(manifest)):
+                check_manifest_schema(manifest, "<test>")
+        with self.assertRaises(PackageError):
+            parse_manifest(b"[" * 100000 + b"]" * 100000, "<test>")
+        with self.assertRaises(PackageError):
+            parse_manifest(b"{not json", "<test>")
+
+
+instantiate_parametrized_tests(PackageTrustUnitTests)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()

@@ -1,0 +1,1021 @@
+"""Trust in compile packages: signatures, confinement, restricted unpickling, schema.
+
+A compile package (a directory, or an aot_compile archive) is code: Dynamo
+bytecode, graph pickles, generated Python and native CPU kernels, loaded by a
+fleet from shared storage. This module decides what of it may be read and how:
+
+* :func:`sign_manifest` / :func:`verify_manifest`: an Ed25519 signature of the
+  manifest's bytes (the manifest holds every other file's sha256), made with
+  ``config.package_signing_key`` and checked against
+  ``config.package_trusted_keys`` before anything else of the package is read;
+  ``config.package_require_signature`` refuses unsigned packages.
+* :func:`check_name` / :func:`read_confined`: every file name is a plain
+  relative path inside the package, read without following symlinks and only
+  from regular files (a FIFO, a device or a symlink is refused, never opened
+  for reading, so nothing blocks).
+* :func:`read_package` / :func:`read_archive_files`: the two containers, read in
+  the order above; :func:`extract_kernels` writes verified kernel binaries to a
+  private directory, and :func:`check_kernel_binary` checks each ELF header
+  before anything dlopens it.
+* :class:`GraphUnpickler` / :func:`load_graph_pickle` / :func:`load_inductor_payload`:
+  graph artifacts are unpickled with an allow-list of the classes compiled
+  graphs are made of.
+* :func:`check_manifest_schema`: every manifest field's type and allowed values.
+* ``python -m torch._dynamo.package_trust sign|verify|inspect PATH`` (also
+  ``python -m torch_overlay package ...``).
+
+# NOTE: [Trust model of compile packages]
+# Signed (package_trusted_keys set, package_require_signature on): the manifest's
+# bytes are verified against the trusted keys before any other file is opened;
+# every file is then read from memory and checked against the sha256 the signed
+# manifest lists, kernels are dlopened from a private copy of those verified
+# bytes, so what runs is exactly what the key's holder saved. Nothing of an
+# unsigned or wrongly signed package is unpickled, unmarshalled or dlopened.
+# Unsigned: the same confinement, schema and restricted unpicklers apply (no
+# pickle gadget such as os.system runs, no path outside the package is read, no
+# module is imported by name, bytecode must belong to the live function), but a
+# package is code: whoever can write an unsigned package can change its graph
+# code, its bytecode or its kernels, and that code runs. Only a signature
+# protects against a writer of the storage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import errno
+import hashlib
+import io
+import json
+import logging
+import os
+import pickle
+import shutil
+import stat
+import struct
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch._dynamo.exc import PackageError
+
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+SIGNATURE_FILE = "manifest.json.sig"
+SIGNATURE_FORMAT = 1
+# A name in a manifest or an archive: at most this many characters and parts.
+MAX_NAME_LENGTH = 255
+MAX_NAME_PARTS = 4
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_SIGNATURE_BYTES = 4096
+# One file of a package (graphs hold parameters; kernels are shared objects).
+MAX_FILE_BYTES = 8 << 30
+# Nesting of the manifest's JSON: ours is three deep.
+MAX_MANIFEST_DEPTH = 8
+
+
+class PackageSignatureError(PackageError):
+    """A package's signature is missing, malformed, or not from a trusted key."""
+
+
+# ---------------------------------------------------------------------------
+# Names and confined reads
+# ---------------------------------------------------------------------------
+
+
+def check_name(name: Any, where, field: str = "files") -> str:
+    """``name`` if it is a plain relative path inside a package, else PackageError."""
+    if not isinstance(name, str):
+        raise PackageError(f"package {where}: {field} holds a {type(name).__name__} name, not a str")
+    shown = repr(name[:80])
+    if not name or len(name) > MAX_NAME_LENGTH:
+        raise PackageError(f"package {where}: {field} name {shown} is empty or longer than {MAX_NAME_LENGTH}")
+    if "\0" in name or "\\" in name or name.startswith("/"):
+        raise PackageError(f"package {where}: {field} name {shown} is not a plain relative path")
+    parts = name.split("/")
+    if len(parts) > MAX_NAME_PARTS or any(p in ("", ".", "..") for p in parts):
+        raise PackageError(f"package {where}: {field} name {shown} leaves the package or is not plain")
+    if not all(p.isprintable() for p in parts):
+        raise PackageError(f"package {where}: {field} name {shown} has unprintable characters")
+    return name
+
+
+def _open_flags() -> int:
+    return os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+
+
+def read_confined(root: Path, name: str, where, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of regular file ``name`` under ``root``, following no symlink
+    (in any part of ``name``) and opening no FIFO or device for reading."""
+    check_name(name, where)
+    parts = name.split("/")
+    fds = []
+    try:
+        dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        fds.append(dir_fd)
+        for part in parts[:-1]:
+            dir_fd = os.open(part, _open_flags() | os.O_DIRECTORY, dir_fd=dir_fd)
+            fds.append(dir_fd)
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat refuses it.
+        fd = os.open(parts[-1], _open_flags() | os.O_NONBLOCK, dir_fd=dir_fd)
+        fds.append(fd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PackageError(f"package {where}: {name} is not a regular file")
+        if st.st_size > limit:
+            raise PackageError(f"package {where}: {name} is larger than {limit} bytes")
+        data = _read_exactly(fd, st.st_size)
+    except PackageError:
+        raise
+    except OSError as e:
+        raise PackageError(f"package {where}: {name} cannot be read: {_os_reason(e)}") from e
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+    if len(data) != st.st_size:
+        raise PackageError(f"package {where}: {name} changed size while it was read")
+    return data
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    chunks, left = [], size
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 24))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _os_reason(e: OSError) -> str:
+    if e.errno == errno.ELOOP:
+        return "it is a symlink (packages are read without following links)"
+    if e.errno == errno.ENOTDIR:
+        return "a part of its path is not a directory (or is a symlink)"
+    if e.errno == errno.ENOENT:
+        return "it does not exist"
+    return e.strerror or repr(e)
+
+
+def _exists(root: Path, name: str) -> bool:
+    try:
+        os.lstat(root / name)
+    except OSError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------
+# Signatures
+# ---------------------------------------------------------------------------
+
+
+def manifest_bytes(manifest: dict) -> bytes:
+    """The bytes a manifest is written (and signed) as."""
+    return json.dumps(manifest, indent=1, sort_keys=True).encode()
+
+
+def _crypto():
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+    except ImportError as e:
+        raise PackageError(
+            "signed compile packages need the 'cryptography' package (pip install cryptography)"
+        ) from e
+    return serialization, ed25519
+
+
+def _read_key_file(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(1 << 16)
+    except OSError as e:
+        raise PackageError(f"{what} key file {path} cannot be read: {e}") from e
+
+
+def load_private_key(path: str):
+    serialization, ed25519 = _crypto()
+    data = _read_key_file(path, "signing")
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as e:
+        raise PackageError(f"signing key {path} is not a PEM private key: {e}") from e
+    if not isinstance(key, ed25519.Ed25519PrivateKey):
+        raise PackageError(f"signing key {path} is not an Ed25519 key")
+    return key
+
+
+def load_public_key(path: str):
+    serialization, ed25519 = _crypto()
+    data = _read_key_file(path, "trusted")
+    try:
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, TypeError) as e:
+        raise PackageError(f"trusted key {path} is not a PEM public key: {e}") from e
+    if not isinstance(key, ed25519.Ed25519PublicKey):
+        raise PackageError(f"trusted key {path} is not an Ed25519 key")
+    return key
+
+
+def key_fingerprint(public_key) -> str:
+    """``ed25519:<first 16 hex digits of the raw key's sha256>``: names a signer."""
+    serialization, _ = _crypto()
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return "ed25519:" + hashlib.sha256(raw).hexdigest()[:16]
+
+
+def sign_manifest(data: bytes, key_file: Optional[str] = None) -> Optional[bytes]:
+    """The signature file for manifest bytes ``data``, with ``key_file`` (default:
+    config.package_signing_key); None when no key is configured."""
+    key_file = key_file or torch._dynamo.config.package_signing_key
+    if not key_file:
+        return None
+    key = load_private_key(key_file)
+    record = {
+        "format": SIGNATURE_FORMAT,
+        "algorithm": "ed25519",
+        "signer": key_fingerprint(key.public_key()),
+        "signature": base64.b64encode(key.sign(data)).decode(),
+    }
+    return json.dumps(record, sort_keys=True).encode()
+
+
+def _parse_signature(signature: bytes, where) -> tuple[str, bytes]:
+    try:
+        record = json.loads(signature)
+        if not isinstance(record, dict) or record.get("format") != SIGNATURE_FORMAT:
+            raise ValueError("not a signature record of format 1")
+        if record.get("algorithm") != "ed25519" or not isinstance(record.get("signer"), str):
+            raise ValueError("not an ed25519 signature")
+        raw = base64.b64decode(record["signature"], validate=True)
+        if len(raw) != 64:
+            raise ValueError(f"{len(raw)} signature bytes, not 64")
+    except (ValueError, TypeError, KeyError, RecursionError) as e:
+        raise PackageSignatureError(f"package {where}: {SIGNATURE_FILE} is malformed: {e}") from None
+    return record["signer"], raw
+
+
+def verify_manifest(data: bytes, signature: Optional[bytes], where, trusted=None, require=None) -> Optional[str]:
+    """Check manifest bytes ``data`` against ``signature`` (the signature file's
+    bytes, None if absent); the trusted signer's fingerprint, or None for a
+    package accepted unsigned (NOTE: [Trust model of compile packages])."""
+    config = torch._dynamo.config
+    trusted = config.package_trusted_keys if trusted is None else trusted
+    require = config.package_require_signature if require is None else require
+    if signature is None:
+        if require:
+            raise PackageSignatureError(
+                f"package {where} is not signed and torch._dynamo.config."
+                "package_require_signature is on: nothing of it is loaded"
+            )
+        return None
+    claimed, raw = _parse_signature(signature, where)
+    if not trusted:
+        if require:
+            raise PackageSignatureError(
+                f"package {where}: package_require_signature is on but no "
+                "package_trusted_keys are configured to verify its signature against"
+            )
+        log.info("package %s is signed by %s; no trusted keys configured to check it", where, claimed)
+        return None
+    _, ed25519 = _crypto()
+    from cryptography.exceptions import InvalidSignature
+
+    for key_file in trusted:
+        key = load_public_key(key_file)
+        try:
+            key.verify(raw, data)
+        except InvalidSignature:
+            continue
+        return key_fingerprint(key)
+    raise PackageSignatureError(
+        f"package {where}: the signature of {MANIFEST} (signer {claimed[:40]!r}) does not "
+        f"verify against any of the {len(trusted)} trusted keys: the manifest was changed "
+        "after signing, or it was signed by another key; nothing of it is loaded"
+    )
+
+
+# ---------------------------------------------------------------------------
+# The manifest
+# ---------------------------------------------------------------------------
+
+
+# What `device` may name: torch's device types, never looked up by attribute.
+DEVICE_TYPES = ("cpu", "meta", "cuda", "xpu", "mps", "mtia", "hpu")
+_SHA256_HEX = frozenset("0123456789abcdef")
+
+
+def parse_manifest(data: bytes, where) -> dict:
+    """The manifest's JSON, bounded in size and nesting."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise PackageError(f"package {where}: {MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
+    depth = max_depth = 0
+    in_string = escaped = False
+    for byte in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            max_depth = max(max_depth, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    if max_depth > MAX_MANIFEST_DEPTH:
+        raise PackageError(f"package {where}: {MANIFEST} nests deeper than {MAX_MANIFEST_DEPTH}")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise PackageError(f"package {where}: {MANIFEST} is damaged: {e}") from None
+
+
+_FIELD_TYPES: dict[str, Any] = {
+    "format_version": int,
+    "torch_version": str,
+    "python_version": str,
+    "cpu_capability": (str, type(None)),
+    "machine": str,
+    "overlay_series_hash": str,
+    "device": str,
+    "backend": (str, type(None)),
+    "compile_options": dict,
+    "frozen": bool,
+    "entries": int,
+    "skipped_frames": int,
+    "files": dict,
+    "aot_compile": dict,
+}
+
+
+def check_manifest_schema(manifest: Any, where) -> dict:
+    """``manifest`` if every field has its type and an allowed value."""
+    if not isinstance(manifest, dict):
+        raise PackageError(f"package {where}: {MANIFEST} is not a JSON object")
+    for field, types_ in _FIELD_TYPES.items():
+        if field in manifest and (
+            not isinstance(manifest[field], types_) or isinstance(manifest[field], bool) is not (types_ is bool)
+        ):
+            raise PackageError(
+                f"package {where}: {MANIFEST} field {field!r} is a "
+                f"{type(manifest[field]).__name__}, not what the format says"
+            )
+    for field in ("entries", "skipped_frames"):
+        if manifest.get(field, 0) < 0:
+            raise PackageError(f"package {where}: {MANIFEST} field {field!r} is negative")
+    for device in manifest.get("device", "cpu").split(","):
+        if device not in DEVICE_TYPES:
+            raise PackageError(
+                f"package {where}: {MANIFEST} field 'device' names {device[:40]!r}, which is "
+                f"not a device type ({', '.join(DEVICE_TYPES)})"
+            )
+    files = manifest.get("files", {})
+    for name, digest in files.items():
+        check_name(name, where)
+        if name in (MANIFEST, SIGNATURE_FILE):
+            raise PackageError(f"package {where}: {MANIFEST} field 'files' lists {name}")
+        if not (isinstance(digest, str) and len(digest) == 64 and set(digest) <= _SHA256_HEX):
+            raise PackageError(f"package {where}: {MANIFEST} field 'files' has no sha256 for {name}")
+    if not all(isinstance(v, str) for v in manifest.get("compile_options", {}).values()):
+        raise PackageError(f"package {where}: {MANIFEST} field 'compile_options' holds a non-str value")
+    _check_aot_compile_field(manifest.get("aot_compile"), where)
+    return manifest
+
+
+def _check_aot_compile_field(field, where) -> None:
+    if field is None:
+        return
+    code = field.get("code")
+    if not (
+        isinstance(field.get("module"), str)
+        and isinstance(field.get("qualname"), str)
+        and (
+            code is None
+            or (
+                isinstance(code, list)
+                and len(code) == 3
+                and isinstance(code[0], str)
+                and isinstance(code[1], int)
+                and isinstance(code[2], str)
+            )
+        )
+    ):
+        raise PackageError(f"package {where}: {MANIFEST} field 'aot_compile' is malformed")
+
+
+def device_available(device: str) -> bool:
+    """Whether this process has ``device`` (one of :data:`DEVICE_TYPES`)."""
+    if device in ("cpu", "meta"):
+        return True
+    module = {"cuda": torch.cuda, "xpu": getattr(torch, "xpu", None), "mps": getattr(torch, "mps", None)}.get(device)
+    if module is None:
+        module = getattr(torch, device, None) if device in DEVICE_TYPES else None
+    is_available = getattr(module, "is_available", None)
+    return bool(is_available()) if callable(is_available) else False
+
+
+# ---------------------------------------------------------------------------
+# Containers: a directory, an archive
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class VerifiedPackage:
+    """A package's manifest and files, read and checked; nothing unpickled yet."""
+
+    manifest: dict
+    files: dict[str, bytes]
+    signer: Optional[str]
+    manifest_raw: bytes
+
+
+def check_files(files: dict[str, bytes], manifest: dict, where) -> None:
+    """Every file the manifest lists is there with its sha256, and no other."""
+    listed = manifest["files"]
+    for name, digest in listed.items():
+        if name not in files:
+            raise PackageError(f"package {where} is missing {name}")
+        if hashlib.sha256(files[name]).hexdigest() != digest:
+            raise PackageError(f"package {where}: {name} is corrupted (sha256 does not match the manifest)")
+    extra = sorted(set(files) - set(listed))
+    if extra:
+        raise PackageError(f"package {where}: {extra[0][:80]!r} is not listed in {MANIFEST}")
+
+
+def read_package(path: Path, check_environment=None) -> VerifiedPackage:
+    """Read a package directory: manifest and signature (both regular files),
+    the signature verified, the manifest checked (``check_environment``), then
+    every listed file, confined, checked against its sha256."""
+    where = path
+    if not _exists(path, MANIFEST):
+        raise PackageError(f"{path} is not a torch.compile package (no {MANIFEST})")
+    raw = read_confined(path, MANIFEST, where, MAX_MANIFEST_BYTES)
+    signature = (
+        read_confined(path, SIGNATURE_FILE, where, MAX_SIGNATURE_BYTES)
+        if _exists(path, SIGNATURE_FILE)
+        else None
+    )
+    signer = verify_manifest(raw, signature, where)
+    manifest = check_manifest_schema(parse_manifest(raw, where), where)
+    if check_environment is not None:
+        manifest = check_environment(manifest, where)
+    files = {name: read_confined(path, name, where) for name in manifest.get("files", {})}
+    check_files(files, manifest, where)
+    return VerifiedPackage(manifest, files, signer, raw)
+
+
+def read_archive_files(fileobj, where, check_environment=None) -> VerifiedPackage:
+    """An archive's members, read like a directory's files (read_package)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(fileobj) as archive:
+            members = _archive_members(archive, where)
+            if MANIFEST not in members:
+                raise PackageError(f"{where} is not a torch.compile package (no {MANIFEST})")
+            raw = _read_member(archive, members[MANIFEST], MAX_MANIFEST_BYTES, where)
+            signature = None
+            if SIGNATURE_FILE in members:
+                signature = _read_member(archive, members[SIGNATURE_FILE], MAX_SIGNATURE_BYTES, where)
+            signer = verify_manifest(raw, signature, where)
+            manifest = check_manifest_schema(parse_manifest(raw, where), where)
+            if check_environment is not None:
+                manifest = check_environment(manifest, where)
+            files = {
+                name: _read_member(archive, info, MAX_FILE_BYTES, where)
+                for name, info in members.items()
+                if name not in (MANIFEST, SIGNATURE_FILE)
+            }
+    except PackageError:
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError, NotImplementedError) as e:
+        raise PackageError(f"{where} is damaged or truncated: {e!r}") from e
+    check_files(files, manifest, where)
+    return VerifiedPackage(manifest, files, signer, raw)
+
+
+def _archive_members(archive, where) -> dict:
+    import zipfile
+
+    members = {}
+    for info in archive.infolist():
+        name = check_name(info.filename, where, "archive member")
+        if name in members:
+            raise PackageError(f"package {where}: archive member {name!r} appears twice")
+        if info.is_dir() or stat.S_IFMT(info.external_attr >> 16) not in (0, stat.S_IFREG):
+            raise PackageError(f"package {where}: archive member {name!r} is not a regular file")
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise PackageError(f"package {where}: archive member {name!r} is compressed")
+        members[name] = info
+    return members
+
+
+def _read_member(archive, info, limit: int, where) -> bytes:
+    if info.file_size > limit:
+        raise PackageError(f"package {where}: archive member {info.filename!r} is too large")
+    return archive.read(info)
+
+
+def extract_kernels(files: dict[str, bytes], where) -> tuple[Optional[Path], dict[str, str]]:
+    """Write the package's verified kernel binaries to a private directory (so what
+    is dlopened is what was verified); (directory, {hash: path}). Each binary's ELF
+    header is checked first; a failure leaves no directory behind."""
+    kernels = {name: data for name, data in files.items() if name.startswith("kernels/")}
+    if not kernels:
+        return None, {}
+    paths = {}
+    for name, data in kernels.items():
+        digest = name[len("kernels/") :]
+        if not (digest.endswith(".so") and "/" not in digest and len(digest) > 3):
+            raise PackageError(f"package {where}: kernel file name {name[:80]!r} is not kernels/<hash>.so")
+        check_kernel_binary(data, name, where)
+        paths[digest[: -len(".so")]] = digest
+    directory = Path(tempfile.mkdtemp(prefix="torch_package_kernels_"))
+    try:
+        for key, filename in paths.items():
+            target = directory / filename
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _open_flags(), 0o500)
+            with os.fdopen(fd, "wb") as f:
+                f.write(kernels["kernels/" + filename])
+            paths[key] = str(target)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return directory, paths
+
+
+# ---------------------------------------------------------------------------
+# Kernel binaries
+# ---------------------------------------------------------------------------
+
+
+# ELF e_machine of this host's architecture.
+_ELF_MACHINES = {"x86_64": 62, "amd64": 62, "aarch64": 183, "arm64": 183, "ppc64le": 21, "s390x": 22, "riscv64": 243}
+
+
+def check_kernel_binary(data: bytes, name: str, where) -> None:
+    """Refuse a kernel binary that dlopen would choke on: not an ELF shared object
+    for this machine, or shorter than its own program and section headers say
+    (a truncated .so is a PackageError here, not a SIGBUS in dlopen)."""
+    import platform
+
+    def bad(why: str) -> PackageError:
+        return PackageError(f"package {where}: kernel {name} is not a loadable shared object: {why}")
+
+    if len(data) < 64 or data[:4] != b"\x7fELF":
+        raise bad("no ELF header")
+    if data[4] != 2 or data[5] != (1 if sys.byteorder == "little" else 2) or data[6] != 1:
+        raise bad("not a 64-bit ELF of this byte order")
+    end = "<" if data[5] == 1 else ">"
+    e_type, e_machine = struct.unpack_from(end + "HH", data, 16)
+    expected = _ELF_MACHINES.get(platform.machine().lower())
+    if e_type != 3 or (expected is not None and e_machine != expected):
+        raise bad(f"type {e_type} machine {e_machine}, not a shared object for {platform.machine()}")
+    e_phoff, e_shoff = struct.unpack_from(end + "QQ", data, 32)
+    e_ehsize, e_phentsize, e_phnum, e_shentsize, e_shnum = struct.unpack_from(end + "HHHHH", data, 52)
+    if e_phnum == 0 or e_phentsize < 56 or e_phoff + e_phnum * e_phentsize > len(data):
+        raise bad("program headers outside the file")
+    for i in range(e_phnum):
+        p_type, _, p_offset, _, _, p_filesz = struct.unpack_from(end + "IIQQQQ", data, e_phoff + i * e_phentsize)
+        if p_offset + p_filesz > len(data):
+            raise bad(f"segment {i} (type {p_type}) ends past the end of the file (truncated?)")
+    if e_shnum:
+        if e_shentsize < 64 or e_shoff + e_shnum * e_shentsize > len(data):
+            raise bad("section headers outside the file (truncated?)")
+        for i in range(e_shnum):
+            sh_type, _, _, sh_offset, sh_size = struct.unpack_from(end + "IQQQQ", data, e_shoff + i * e_shentsize + 4)
+            if sh_type != 8 and sh_offset + sh_size > len(data):  # 8: SHT_NOBITS
+                raise bad(f"section {i} ends past the end of the file (truncated?)")
+
+
+# ---------------------------------------------------------------------------
+# Graph artifacts
+# ---------------------------------------------------------------------------
+
+
+# NOTE: [Classes of graph artifacts]
+# What the pickles of compiled graphs are made of, found by pickling the test
+# suite's graphs (eager, aot_eager, Inductor forward/backward, dynamic shapes,
+# frozen graphs, tensor subclasses): data classes of AOTAutograd's cache entry
+# and runtime wrappers, Inductor's CompiledFxGraph and its boxes, FX graph
+# modules (rebuilt from their own generated code: a graph's code is code, see
+# NOTE: [Trust model of compile packages]), tensors, dtypes and sympy
+# expressions. Functions are allowed by exact name only; classes by module, where
+# the module holds nothing but data classes and wrappers. Never allowed: any
+# callable that imports, evaluates, opens or loads (torch.load, eval, exec,
+# getattr, os.*, subprocess.*, importlib.*, torch.storage._load_from_bytes).
+_ALLOWED_FUNCTIONS = {
+    ("torch.fx.graph_module", "reduce_graph_module"),
+    ("torch._utils", "_rebuild_tensor_v2"),
+    ("torch._utils", "_rebuild_parameter"),
+    ("torch._utils", "_rebuild_parameter_with_state"),
+    ("torch._utils", "_rebuild_tensor"),
+    ("torch._utils", "_rebuild_meta_tensor_no_storage"),
+    ("torch._utils", "_rebuild_wrapper_subclass"),
+    ("torch._utils", "_rebuild_from_type_v2"),
+    ("torch._utils", "_rebuild_qtensor"),
+    ("torch._tensor", "_rebuild_from_type_v2"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+    ("collections", "Counter"),
+    ("collections", "defaultdict"),
+    ("collections", "deque"),
+    ("copyreg", "_reconstructor"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "slice"),
+    ("builtins", "range"),
+    ("builtins", "complex"),
+    ("builtins", "bytearray"),
+    ("builtins", "object"),
+    ("builtins", "NoneType"),
+    ("builtins", "Ellipsis"),
+    ("builtins", "NotImplemented"),
+    ("builtins", "int"),
+    ("builtins", "float"),
+    ("builtins", "bool"),
+    ("builtins", "str"),
+    ("builtins", "tuple"),
+    ("builtins", "list"),
+    ("builtins", "dict"),
+    ("builtins", "bytes"),
+    ("builtins", "type"),
+    ("functools", "partial"),
+    ("torch", "Size"),
+    ("torch", "device"),
+    ("torch", "Tensor"),
+    ("torch", "SymInt"),
+    ("torch", "SymFloat"),
+    ("torch", "SymBool"),
+    ("torch", "Generator"),
+    ("torch.nn.parameter", "Parameter"),
+    ("torch.storage", "UntypedStorage"),
+    ("torch._C", "_VariableFunctionsClass"),
+}
+# Modules all of whose classes (types only) may be built from a graph pickle.
+_ALLOWED_CLASS_MODULES = (
+    "torch._functorch._aot_autograd.",
+    "torch._functorch.aot_autograd",
+    "torch._inductor.output_code",
+    "torch._inductor.utils",
+    "torch._inductor.cudagraph_utils",
+    "torch._inductor.metrics",
+    "torch._inductor.ir",
+    "torch._inductor.codecache",
+    "torch._subclasses.",
+    "torch.utils._ordered_set",
+    "torch.utils._sympy.",
+    "torch.fx.",
+    "torch._guards",
+    "torch._ops",
+    "torch._higher_order_ops.",
+    "torch.testing._internal.two_tensor",
+    "torch.nn.modules.",
+    "torch.autograd.",
+    "torch.types",
+    "sympy.",
+    "enum",
+)
+_STORAGE_TYPES = ("Storage",)
+
+
+def allowed_global(module: str, name: str):
+    """The object a graph pickle may name as ``module.name``, or None."""
+    if not (isinstance(module, str) and isinstance(name, str)) or "__" in name:
+        return None
+    module = {"__builtin__": "builtins", "copy_reg": "copyreg"}.get(module, module)
+    exact = (module, name) in _ALLOWED_FUNCTIONS
+    by_module = module.startswith(_ALLOWED_CLASS_MODULES) or module + "." in _ALLOWED_CLASS_MODULES
+    if module in ("torch", "torch._utils") and not exact:
+        # dtypes, layouts, memory formats (pickled by name, also as
+        # torch._utils.torch.contiguous_format): data, not callables.
+        obj = sys.modules[module]
+        for part in name.split("."):
+            obj = getattr(obj, part, None)
+        if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)) or (
+            module == "torch" and name.endswith(_STORAGE_TYPES) and isinstance(obj, type)
+        ):
+            return obj
+        return None
+    if not (exact or by_module):
+        return None
+    owner = sys.modules.get(module)
+    if owner is None:
+        if not module.startswith(("torch.", "sympy")):
+            return None
+        try:
+            owner = __import__(module, fromlist=["_"])
+        except Exception:
+            return None
+    obj = owner
+    for part in name.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    if exact or isinstance(obj, type):
+        return obj
+    return None
+
+
+class GraphUnpickler(pickle.Unpickler):
+    """Unpickles only what graph artifacts are made of (NOTE: [Classes of graph
+    artifacts]); any other global is refused before it is looked up."""
+
+    where: Any = "<graph>"
+
+    def find_class(self, module, name):
+        obj = allowed_global(module, name)
+        if obj is None:
+            raise PackageError(
+                f"package {self.where}: refusing to unpickle {str(module)[:80]}.{str(name)[:80]}: "
+                "it is not part of a compiled graph (a damaged or malicious file?)"
+            )
+        return obj
+
+
+def load_graph_pickle(data: bytes, where) -> Any:
+    """``data`` unpickled with :class:`GraphUnpickler`; any failure a PackageError."""
+    unpickler = GraphUnpickler(io.BytesIO(data))
+    unpickler.where = where
+    try:
+        return unpickler.load()
+    except PackageError:
+        raise
+    except RecursionError:
+        raise PackageError(f"package {where}: pickle nests too deeply") from None
+    except Exception as e:
+        raise PackageError(f"package {where}: damaged pickle: {e!r}"[:400]) from e
+
+
+class _GraphPickleModule:
+    """torch.load's ``pickle_module``: its unpickler is :class:`GraphUnpickler`."""
+
+    Unpickler = GraphUnpickler
+    __name__ = "torch._dynamo.package_trust._GraphPickleModule"
+
+    @staticmethod
+    def load(f, **kwargs):
+        return GraphUnpickler(f, **kwargs).load()
+
+
+def load_inductor_payload(blob: bytes, where) -> dict:
+    """An Inductor artifact (a torch.save zip) with weights_only loading, the
+    graph classes allowed, the nested pickles checked and the extern kernels
+    checked to be torch's own."""
+    try:
+        with torch.serialization.safe_globals(_weights_only_globals()):
+            payload = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+    except PackageError:
+        raise
+    except Exception as e:
+        raise PackageError(f"package {where}: damaged Inductor artifact: {e!r}"[:600]) from e
+    if not isinstance(payload, dict) or payload.get("backend") != "inductor":
+        raise PackageError(f"package {where}: the Inductor artifact is not a dict of an Inductor graph")
+    for field, types_ in (("entry", bytes), ("fw_graph", bytes), ("bw_graph", (bytes, type(None))),
+                          ("aot_config", dict), ("params", dict), ("extern_kernels", dict)):
+        if not isinstance(payload.get(field), types_):
+            raise PackageError(f"package {where}: Inductor artifact field {field!r} is malformed")
+    for field in ("entry", "fw_graph", "bw_graph"):
+        if payload[field] is not None:
+            load_graph_pickle(payload[field], f"{where} ({field})")
+    for name, kernel in payload["extern_kernels"].items():
+        if not (
+            isinstance(name, str)
+            and name.isidentifier()
+            and not name.startswith("_")
+            and kernel is getattr(torch._C._VariableFunctionsClass, name, None)
+        ):
+            raise PackageError(f"package {where}: extern kernel {str(name)[:40]!r} is not a torch operator")
+    return payload
+
+
+_weights_only_cache: list = []
+
+
+def _weights_only_globals() -> list:
+    if not _weights_only_cache:
+        import builtins
+
+        found = [getattr, torch._C._VariableFunctionsClass]
+        for module_name in (
+            "torch._functorch._aot_autograd.schemas",
+            "torch._functorch._aot_autograd.runtime_wrappers",
+            "torch._functorch._aot_autograd.autograd_cache",
+            "torch._functorch._aot_autograd.subclass_utils",
+            "torch._inductor.output_code",
+            "torch._inductor.utils",
+            "torch._subclasses.functional_tensor",
+            "torch.utils._ordered_set",
+        ):
+            module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+            found += [
+                obj
+                for obj in vars(module).values()
+                if isinstance(obj, type) and obj.__module__ == module_name
+            ]
+        found += [builtins.set, builtins.frozenset, builtins.slice]
+        _weights_only_cache.extend(found)
+    return _weights_only_cache
+
+
+# ---------------------------------------------------------------------------
+# Inspection and the command line
+# ---------------------------------------------------------------------------
+
+
+def _open_any(path: Path, check_environment=None) -> VerifiedPackage:
+    if path.is_dir():
+        return read_package(path, check_environment)
+    with open(path, "rb") as f:
+        return read_archive_files(f, path, check_environment)
+
+
+def describe(path: Path) -> dict:
+    """What a package holds, read with the configured trust (for ``inspect``)."""
+    package = _open_any(path)
+    manifest = package.manifest
+    files = package.files
+    entries = []
+    dynamo_blob = files.get("dynamo.bin")
+    if dynamo_blob is not None:
+        from torch._dynamo.package import _BuiltinsOnlyUnpickler
+
+        try:
+            raw_entries = _BuiltinsOnlyUnpickler(io.BytesIO(dynamo_blob)).load()
+            for fields in raw_entries:
+                entries.append(_describe_entry(fields))
+        except PackageError:
+            raise
+        except Exception as e:
+            raise PackageError(f"package {path}: dynamo.bin is damaged: {e!r}") from e
+    signed = _signer_claim(path)
+    return {
+        "path": str(path),
+        "signed": signed is not None,
+        "signer_claimed": signed,
+        "signer_verified": package.signer,
+        "environment": {
+            k: manifest.get(k)
+            for k in ("format_version", "torch_version", "python_version", "cpu_capability",
+                      "machine", "overlay_series_hash", "device", "backend", "frozen")
+        },
+        "compile_options": manifest.get("compile_options", {}),
+        "aot_compile": manifest.get("aot_compile"),
+        "entries": entries,
+        "files": {name: len(data) for name, data in sorted(files.items())},
+        "kernels": sorted(n for n in files if n.startswith("kernels/")),
+        "graphs": sorted(n for n in files if n.startswith("graphs/")),
+        "total_bytes": sum(len(d) for d in files.values()) + len(package.manifest_raw),
+    }
+
+
+def _describe_entry(fields) -> dict:
+    from torch._dynamo.guard_serialization import load_guards_state
+
+    code_key, out_code, guards_state, global_module, globals_ = fields
+    guards: list[str] = []
+    if guards_state:
+        state = load_guards_state(guards_state)
+        for guard in getattr(state.output_graph, "guards", ()):
+            guards.append(f"{getattr(guard, 'name', '?')}: {getattr(guard.create_fn, '__name__', repr(guard.create_fn))}"[:200])
+    return {
+        "key": [str(k)[:200] for k in code_key],
+        "module": str(global_module)[:200],
+        "bytecode_bytes": len(out_code),
+        "guards": guards,
+        "globals": {str(k): str(v[:2])[:200] for k, v in globals_.items()},
+    }
+
+
+def _signer_claim(path: Path) -> Optional[str]:
+    try:
+        if path.is_dir():
+            if not _exists(path, SIGNATURE_FILE):
+                return None
+            raw = read_confined(path, SIGNATURE_FILE, path, MAX_SIGNATURE_BYTES)
+        else:
+            import zipfile
+
+            with zipfile.ZipFile(path) as archive:
+                if SIGNATURE_FILE not in archive.namelist():
+                    return None
+                raw = archive.read(SIGNATURE_FILE)
+        return _parse_signature(raw, path)[0]
+    except PackageError:
+        return "malformed"
+
+
+def sign_path(path: Path, key_file: str) -> str:
+    """Sign an existing package (directory or archive) in place; the signer."""
+    package = _open_any(path)
+    signature = sign_manifest(package.manifest_raw, key_file)
+    assert signature is not None
+    if path.is_dir():
+        tmp = path / f".{SIGNATURE_FILE}.tmp-{os.getpid()}"
+        tmp.write_bytes(signature)
+        os.replace(tmp, path / SIGNATURE_FILE)
+    else:
+        buf = io.BytesIO()
+        write_signed_archive(buf, package.files, package.manifest_raw, signature)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_bytes(buf.getvalue())
+        os.replace(tmp, path)
+    return json.loads(signature)["signer"]
+
+
+def write_signed_archive(fileobj, files: dict[str, bytes], raw_manifest: bytes, signature: Optional[bytes]) -> None:
+    """An archive of ``files``, the manifest's bytes and its signature (if any)."""
+    import zipfile
+
+    with zipfile.ZipFile(fileobj, "w", compression=zipfile.ZIP_STORED) as archive:
+        for name, data in sorted(files.items()):
+            archive.writestr(check_name(name, "<archive being written>"), data)
+        archive.writestr(MANIFEST, raw_manifest)
+        if signature is not None:
+            archive.writestr(SIGNATURE_FILE, signature)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``sign|verify|inspect PATH``: 0 on success, 1 (and why, on stderr) if not."""
+    parser = argparse.ArgumentParser(
+        prog="python -m torch._dynamo.package_trust",
+        description="Sign, verify and inspect torch.compile packages and aot_compile archives.",
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="package_command", required=True)
+    p = sub.add_parser("sign", help="sign a package's manifest (Ed25519)")
+    p.add_argument("path")
+    p.add_argument("--key", help="PEM Ed25519 private key (default: config.package_signing_key)")
+    p = sub.add_parser("verify", help="verify a package's signature and every file's sha256")
+    p.add_argument("path")
+    p.add_argument("--trusted-key", action="append", help="PEM public key (repeatable; default: config.package_trusted_keys)")
+    p = sub.add_parser("inspect", help="entries, guards, kernels, sizes, environment, signer")
+    p.add_argument("path")
+    p.add_argument("--json", action="store_true")
+
+
+def run(args) -> int:
+    config = torch._dynamo.config
+    path = Path(args.path)
+    try:
+        if args.package_command == "sign":
+            key = args.key or config.package_signing_key
+            if not key:
+                raise PackageError("no signing key: pass --key or set TORCH_COMPILE_PACKAGE_SIGNING_KEY")
+            print(f"signed {path} as {sign_path(path, key)}")
+        elif args.package_command == "verify":
+            trusted = args.trusted_key or config.package_trusted_keys
+            if not trusted:
+                raise PackageError("no trusted keys: pass --trusted-key or set TORCH_COMPILE_PACKAGE_TRUSTED_KEYS")
+            with config.patch(package_trusted_keys=list(trusted), package_require_signature=True):
+                package = _open_any(path)
+            print(f"{path}: signature by {package.signer} verified; {len(package.files)} files match their sha256")
+        else:
+            _print_description(describe(path), args.json)
+    except PackageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_description(info: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(info, indent=1, sort_keys=True))
+        return
+    print(f"package {info['path']}")
+    signer = info["signer_verified"] or (
+        f"{info['signer_claimed']} (not verified: no trusted key matches or none configured)"
+        if info["signed"]
+        else "unsigned"
+    )
+    print(f"  signer: {signer}")
+    for key, value in info["environment"].items():
+        print(f"  {key}: {value}")
+    print(f"  entries: {len(info['entries'])}")
+    for entry in info["entries"]:
+        print(f"    {' '.join(entry['key'])} (module {entry['module']}, bytecode {entry['bytecode_bytes']} B)")
+        for guard in entry["guards"]:
+            print(f"      guard {guard}")
+    print(f"  files ({info['total_bytes']} bytes with the manifest):")
+    for name, size in info["files"].items():
+        print(f"    {size:>10}  {name}")
+    print(f"  kernels: {len(info['kernels'])}, graphs: {len(info['graphs'])}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
