@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
+from torch._dynamo.aot_compile_types import SerializableCallable
 from torch._dynamo.exc import PackageError
 
 from .package_artifacts import (
@@ -264,16 +265,26 @@ def _resolve_code(key: tuple, root_codes: list[types.CodeType]):
         if code.co_qualname == qualname:
             return code
     module = sys.modules.get(module_name)
-    if module is None or "<" in qualname:
+    if module is None:
+        return None
+    # A function defined inside another one (contextlib.contextmanager's
+    # helper, which runs under DDP's forward) is a code constant of the
+    # enclosing function's code, found by its qualname when there is just one.
+    outer, _, _ = qualname.partition(".<locals>.")
+    if "<" in outer:
         return None
     obj = module
     try:
-        for part in qualname.split("."):
+        for part in outer.split("."):
             obj = getattr(obj, part)
     except AttributeError:
         return None
     obj = getattr(obj, "__func__", obj)
-    return getattr(obj, "__code__", None)
+    code = getattr(obj, "__code__", None)
+    if code is None or outer == qualname:
+        return code
+    found = [c for c in _nested_codes(code) if c.co_qualname == qualname]
+    return found[0] if len(found) == 1 else None
 
 
 def _rename_globals(code: types.CodeType, renames: dict[str, str]) -> types.CodeType:
@@ -880,7 +891,15 @@ class CompilePackage:
                 "under it (call the compiled function before save_package)",
                 stacklevel=2,
             )
-        _write_atomically(Path(path), files, manifest)
+        from . import package_storage
+
+        if package_storage.is_remote(path):
+            # NOTE: [Packages in object storage]
+            package_storage.save_to_url(
+                str(path), lambda local: _write_atomically(local, files, manifest)
+            )
+        else:
+            _write_atomically(package_storage.local_path(path), files, manifest)
         log.info("saved %d entries to %s", manifest["entries"], path)
         return str(path)
 
@@ -1267,9 +1286,26 @@ class PackageAwareConvertFrame:
     """Dynamo's frame callback, consulting the package before compiling."""
 
     def __init__(self, convert_frame, package: CompilePackage) -> None:
-        self._torchdynamo_orig_callable = convert_frame
+        # The backend, as on the ConvertFrame this wraps: DDPOptimizer compiles
+        # the pieces of a split graph with it (CatchErrorsWrapper reads it two
+        # levels down), and eval_frame.c follows the chain to the same end.
+        self._torchdynamo_orig_callable = getattr(
+            convert_frame, "_torchdynamo_orig_callable", convert_frame
+        )
         self.package = package
         self._inner = convert_frame
+
+    @property
+    def _clone_with_backend(self) -> Callable[[Callable], PackageAwareConvertFrame]:
+        """Used by DDPOptimizer to swap in its own backend (NOTE: [DDPOptimizer
+        graphs in packages]): the clone still consults and records the package."""
+        inner_clone = self._inner._clone_with_backend
+
+        def clone(ddp_compile_fn: Callable) -> PackageAwareConvertFrame:
+            recording = functools.partial(_compile_ddp_split, self.package, ddp_compile_fn)
+            return PackageAwareConvertFrame(inner_clone(recording), self.package)
+
+        return clone
 
     def lookup_precompiled(self, frame, cache_entry):
         from torch._dynamo.convert_frame import ConvertFrameReturn
@@ -1309,6 +1345,121 @@ def _skips_code(result) -> bool:
         and strategy is not None
         and strategy.cur_action == FrameAction.SKIP
     )
+
+
+# NOTE: [DDPOptimizer graphs in packages]
+# Under DistributedDataParallel (config.optimize_ddp), Dynamo hands each frame's
+# graph to DDPOptimizer, which splits it at DDP's gradient bucket boundaries,
+# compiles every piece with the torch.compile backend and returns the split
+# graph module that calls them, so that one bucket's gradients are allreduced
+# while backward computes the next. CatchErrorsWrapper takes that backend from
+# PackageAwareConvertFrame._torchdynamo_orig_callable (the package's
+# RecordingBackend, which records each piece) and asks _clone_with_backend for
+# a callback compiling with DDPOptimizer.compile_fn; the clone is package-aware
+# too, and _compile_ddp_split records the split graph module as one graph of
+# the package: a _DDPSplitGraph, the split graph's code plus each piece's own
+# artifact (saved as the package saves any graph of its backend, Inductor
+# kernels included). A loaded package runs the same pieces: the buckets, and
+# the overlap of allreduce with backward, are those of the process that saved.
+
+
+def _compile_ddp_split(package: CompilePackage, ddp_compile_fn: Callable, gm, example_inputs):
+    """DDPOptimizer.compile_fn, with its split graph recorded in ``package``."""
+    from .package_artifacts import _GraphRecord as GraphRecord
+
+    compiled = ddp_compile_fn(gm, example_inputs)
+    backend = package.backend
+    if backend is None or backend.record_for(compiled) is not None:
+        return compiled  # one bucket: the backend compiled (and recorded) it whole
+    pieces = {}
+    for node in compiled.graph.nodes:
+        if node.op != "call_module":
+            continue
+        wrapper = compiled.get_submodule(node.target)
+        piece = backend.record_for(getattr(wrapper, "submod", None))
+        if piece is None:
+            return compiled  # the entry is left out at save: no record of its graph
+        pieces[node.target] = (piece, bool(wrapper.unwrap_singleton_tuple))
+    devices = tuple(sorted({d for piece, _ in pieces.values() for d in piece.devices}))
+    record = GraphRecord(f"{_CUSTOM_BACKEND}ddp_optimizer", gm, devices)
+    record.compiled = _DDPSplitGraph(compiled, pieces)
+    for obj in (*_unwrap_chain(compiled), compiled):
+        backend.records[id(obj)] = (obj, record)
+    return compiled
+
+
+class _DDPSplitPiece(torch.nn.Module):
+    """One bucket's compiled graph in a loaded split graph (as DDPOptimizer's
+    WrapperModule: a single output comes back out of its tuple)."""
+
+    def __init__(self, unwrap_singleton_tuple: bool) -> None:
+        super().__init__()
+        self.unwrap_singleton_tuple = unwrap_singleton_tuple
+        self.compiled: Optional[Callable] = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["compiled"] = None
+        return state
+
+    def forward(self, *args):
+        out = self.compiled(*args)
+        if self.unwrap_singleton_tuple and isinstance(out, (tuple, list)):
+            return out[0]
+        return out
+
+
+class _DDPSplitGraph(SerializableCallable):
+    """A DDPOptimizer split graph as a package saves it (NOTE: [DDPOptimizer
+    graphs in packages]): the outer graph's code and each piece's artifact."""
+
+    def __init__(self, split_gm, pieces: dict) -> None:
+        self.split_gm = split_gm
+        self.pieces = pieces  # call_module target -> (_GraphRecord, unwrap)
+
+    def __call__(self, *args):
+        return self.split_gm(*args)
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: _DDPSplitGraph) -> bytes:
+        from .package_artifacts import serialize_graph
+
+        root = torch.nn.Module()
+        blobs, kernels = {}, {}
+        for target, (record, unwrap) in fn.pieces.items():
+            refused = _refused_option(record)
+            if refused is not None:
+                raise PackageError(f"DDPOptimizer piece {target}: {refused}")
+            blobs[target], piece_kernels = serialize_graph(record)
+            kernels.update(piece_kernels)
+            setattr(root, target, _DDPSplitPiece(unwrap))
+        graph = torch.fx.Graph()
+        graph.output(graph.graph_copy(fn.split_gm.graph, {}))
+        outer = torch.fx.GraphModule(root, graph)
+        return pickle.dumps({"outer": outer, "pieces": blobs, "kernels": kernels})
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> Any:
+        from .package_artifacts import deserialize_graph
+
+        payload = pickle.loads(data)
+        kernel_paths = {}
+        if payload["kernels"]:
+            # Kernel binaries must be files to be loaded; these go with the graph.
+            kernel_dir = Path(tempfile.mkdtemp(prefix="torch_package_ddp_kernels_"))
+            for digest, blob in payload["kernels"].items():
+                (kernel_dir / f"{digest}.so").write_bytes(blob)
+                kernel_paths[digest] = str(kernel_dir / f"{digest}.so")
+            _trust_recorded_vec_isa()
+        redirect = _KernelRedirect(kernel_paths)
+        if kernel_paths:
+            weakref.finalize(redirect, shutil.rmtree, str(kernel_dir), True)
+        outer = payload["outer"]
+        for target, blob in payload["pieces"].items():
+            piece = outer.get_submodule(target)
+            piece.compiled = deserialize_graph(blob, redirect, target)
+            piece._kernel_redirect = redirect
+        return outer
 
 
 def find_precompiled_lookup(callback):

@@ -882,7 +882,62 @@ def _trust_recorded_vec_isa() -> None:
 # ---------------------------------------------------------------------------
 
 
+# NOTE: [Replacing a package atomically]
+# Many processes may load a package while one (or several) save to the same
+# path. A save writes a complete new directory next to the package (manifest
+# last: a directory without one is not a package), then swaps the two names in
+# one step (renameat2(RENAME_EXCHANGE) on Linux), so the path always holds a
+# complete package, the old or the new one, and deletes the old one. Swaps of
+# concurrent saves to one directory are serialized by an exclusive flock on
+# the parent directory (writing the files is not): the last swap wins, every
+# other save's directory is deleted, nothing is left beside the package.
+# Loaders take no lock and write nothing: a loader pins the directory it
+# starts reading by a file descriptor (package_storage.pinned_package_dir), so
+# a swap during its load never mixes two packages' files. Where the exchange
+# is not available (other systems, some filesystems), the old package is
+# renamed away and the new one renamed in: a loader starting between the two
+# renames finds no package (a PackageError) rather than a mix.
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def _exchange_names(a: Path, b: Path) -> bool:
+    """Swap two paths' names in one step; False where the system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd = -100
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    errno = ctypes.get_errno()
+    if errno in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: not on this filesystem
+        return False
+    raise OSError(errno, os.strerror(errno), str(a), None, str(b))
+
+
+@contextlib.contextmanager
+def _saves_serialized(directory: Path):
+    """An exclusive flock on ``directory`` while a save swaps its package in."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: swaps are not serialized
+        yield
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _write_atomically(path: Path, files: dict[str, bytes], manifest: dict) -> None:
+    """Write the package at ``path`` (NOTE: [Replacing a package atomically])."""
     path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.saving-", dir=path.parent))
@@ -893,15 +948,19 @@ def _write_atomically(path: Path, files: dict[str, bytes], manifest: dict) -> No
             target.write_bytes(data)
         # The manifest goes last: a directory without one is not a package.
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        if path.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-            os.rename(path, trash / "old")
-            os.rename(staging, path)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(staging, path)
+        with _saves_serialized(path.parent):
+            if not os.path.lexists(path):
+                os.rename(staging, path)
+            elif not _exchange_names(staging, path):
+                trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+                try:
+                    os.rename(path, trash / "old")
+                    os.rename(staging, path)
+                finally:
+                    shutil.rmtree(trash, ignore_errors=True)
     finally:
-        if staging.exists():
+        # After an exchange, the previous package: loaders pinned it already.
+        if os.path.lexists(staging):
             shutil.rmtree(staging, ignore_errors=True)
 
 
