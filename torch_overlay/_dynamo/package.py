@@ -32,6 +32,7 @@ import os
 import pickle
 import shutil
 import sys
+import tempfile
 import threading
 import time
 import types
