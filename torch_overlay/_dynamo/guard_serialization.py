@@ -252,7 +252,9 @@ class UnresolvedName:
         return f"<unresolved {self.module}:{self.path}>"
 
 
-_CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis))
+_CONSTANT_TYPES = frozenset(
+    (type(None), bool, int, float, complex, str, bytes, type(Ellipsis))
+)
 
 
 def _is_constant(value) -> bool:
@@ -687,17 +689,11 @@ def _strip_guard(guard):
         # The builder falls back to get(name) for the value: the recorded one.
         kwargs = {k: v for k, v in create_fn.keywords.items() if k != "value"}
         create_fn = functools.partial(create_fn.func, *create_fn.args, **kwargs)
-    return dataclasses.replace(
-        guard,
-        create_fn=create_fn,
-        guard_types=None,
-        code_list=None,
-        obj_weakref=None,
-        guarded_class_weakref=None,
-        stack=None,
-        user_stack=None,
-        _hash=None,
-    )
+    # Only the source and the builder method are saved; every other field
+    # (export info, stacks, the cached hash) starts empty, as a new Guard's do.
+    # (The constructor, not dataclasses.replace: this runs for every guard of
+    # every saved frame, and replace costs several times more.)
+    return type(guard)(guard.originating_source, create_fn)
 
 
 def refuse_local_class_type_matches(guards, recorded_values: dict) -> None:
