@@ -4,11 +4,12 @@
 Every case is saved by one interpreter and loaded by a FRESH one with an empty
 TORCHINDUCTOR_CACHE_DIR under torch.compiler.set_stance("fail_on_recompile").
 A frozen graph (parameters folded into constants: conv+bn folded, linear
-weights transposed) loads with zero recompiles and eager's outputs; the
-manifest says the package is frozen; a package loaded for a module whose
-parameters changed is refused (NOTE: [Parameters of frozen packages] in
-torch/_dynamo/package_artifacts.py); what cannot be packaged is refused at save
-with a warning naming why.
+weights transposed), compiled with default options, loads with zero
+recompiles and eager's outputs; the manifest says the package is frozen; a
+package loaded for a module whose parameters changed is refused (NOTE:
+[Parameters of frozen packages] in torch/_dynamo/package_artifacts.py); what
+cannot be packaged is refused at save with a warning naming why; an
+aot_compile'd frozen forward loads or is refused at load, never wrong.
 """
 
 import json
@@ -83,17 +84,37 @@ def frozen_constants(package):
     return count
 
 
+def aot_compile_case(mode, module, x, options, path):
+    got = {}
+    with torch._dynamo.config.patch("enable_aot_compile", True), torch.no_grad():
+        try:
+            if mode == "save":
+                compiled = torch.compile(module, fullgraph=True, options=options)
+                compiled.forward.aot_compile(((x,), {})).save_compiled_function(path)
+            else:
+                with torch.compiler.set_stance("fail_on_recompile"):
+                    loaded = torch.compiler.load_compiled_function(path)
+                    got["same"] = bool(torch.allclose(loaded(module, x), module(x), atol=1e-5))
+        except Exception as e:
+            got["error"] = f"{type(e).__name__}: {e}"[:600]
+    return got
+
+
 mode, where = sys.argv[1:3]
 report = {}
+DEFAULT_WEIGHT_PREPACK = inductor_config.cpp.weight_prepack
 for name, case in CASES.items():
     torch._dynamo.reset()
     inductor_config.freezing = case["global_freezing"]
-    inductor_config.cpp.weight_prepack = case["weight_prepack"]
+    inductor_config.cpp.weight_prepack = case.get("weight_prepack", DEFAULT_WEIGHT_PREPACK)
     module, x = make(case["model"])
     options = dict(case.get("options", {}))
     if case.get("drop_identity_guards"):
         options["guard_filter_fn"] = drop_tensor_identity_guards
     package = os.path.join(where, name)
+    if case.get("aot_compile"):
+        report[name] = aot_compile_case(mode, module, x, options, package)
+        continue
     compiled = torch.compile(module, package=package, options=options)
     got = {}
     if mode == "save":
@@ -113,6 +134,10 @@ for name, case in CASES.items():
         if case.get("change_at_load"):
             with torch.no_grad():
                 dict(module.named_parameters())[case["change_at_load"]].mul_(1.5)
+        if case.get("replace_at_load"):
+            owner, _, leaf = case["replace_at_load"].rpartition(".")
+            old = getattr(module.get_submodule(owner), leaf)
+            setattr(module.get_submodule(owner), leaf, torch.nn.Parameter(old.detach().clone()))
         counters.clear()
         with torch.compiler.set_stance("fail_on_recompile"), torch.no_grad():
             try:
@@ -125,22 +150,33 @@ for name, case in CASES.items():
 print("REPORT" + json.dumps(report))
 '''
 
-# Frozen with Inductor's global freezing flag, the way CPU inference sets it
-# (Dynamo reads torch._inductor.config.freezing when it traces, to fold the
-# parameters it marks static). cpp.weight_prepack off: packed MKLDNN weights
-# cannot be serialized.
-FROZEN = dict(global_freezing=True, weight_prepack=False, drop_identity_guards=True)
+# Frozen the way CPU inference sets it, with default options: Inductor's
+# global freezing flag under torch.no_grad() (Dynamo reads
+# torch._inductor.config.freezing when it traces, to fold the parameters it
+# marks static). The package drops Dynamo's identity guards on the folded
+# parameters itself and compiles with weight prepack off (NOTE: [Weight
+# prepacking in frozen packages]).
+FROZEN = dict(global_freezing=True)
 
 ROUND_TRIP_CASES = {
     "conv_bn": dict(FROZEN, model="conv_bn"),
     "mlp": dict(FROZEN, model="mlp"),
+    # A parameter replaced by an equal one: the package checks values.
+    "mlp_equal_parameter_replaced": dict(FROZEN, model="mlp", replace_at_load="linear1.weight"),
+    # What a user of the first frozen packages wrote keeps working.
+    "mlp_user_guard_filter": dict(
+        FROZEN,
+        model="mlp",
+        weight_prepack=False,
+        drop_identity_guards=True,
+        options={"cpp.weight_prepack": False},
+    ),
     # options={"freezing": True} alone: 2.7.1's Dynamo does not see the option
     # when it traces, so no parameter is folded (they stay graph inputs), but
     # Inductor compiles the graph with its freezing compiler all the same.
     "mlp_freezing_option": dict(
         model="mlp",
         global_freezing=False,
-        weight_prepack=False,
         options={"freezing": True},
         change_at_load="linear1.weight",
     ),
@@ -151,31 +187,56 @@ CHANGED_PARAMETER_CASES = {
     "mlp_changed_linear2_bias": dict(FROZEN, model="mlp", change_at_load="linear2.bias"),
 }
 
-# name -> (case, what the save warning names)
+# aot_compile of a frozen module's forward: name -> what its load says (None:
+# it loads and matches eager). The module is an argument of each call of an
+# aot_compile'd forward, so a load has no module to check folded values against.
+AOT_COMPILE_CASES = {
+    "aot_compile_freezing_option": (
+        dict(model="mlp", global_freezing=False, aot_compile=True, options={"freezing": True}),
+        None,
+    ),
+    "aot_compile_folded": (
+        dict(FROZEN, model="mlp", aot_compile=True),
+        "has no module to check its parameters against",
+    ),
+}
+
+# name -> (case, what the save warning names). Saved by one process, in this
+# order: Inductor registers its weight-packing passes at the first frozen
+# compile of a process that has cpp.weight_prepack on, and applies them from
+# then on, whatever the option says.
 REFUSED_CASES = {
-    "weight_prepack": (
-        dict(FROZEN, model="conv_bn", weight_prepack=True),
-        "cpp.weight_prepack",
+    "explicit_weight_prepack": (
+        dict(FROZEN, model="conv_bn", options={"cpp.weight_prepack": True}),
+        "cpp.weight_prepack, set explicitly",
     ),
-    "identity_guards": (
-        dict(FROZEN, model="mlp", drop_identity_guards=False),
-        "ID_MATCH",
+    "weight_prepack_registered_earlier": (
+        dict(FROZEN, model="mlp"),
+        "once per process",
     ),
+}
+
+# One save process and one load process for every case that loads.
+ALL_CASES = {
+    **ROUND_TRIP_CASES,
+    **CHANGED_PARAMETER_CASES,
+    **{name: case for name, (case, _) in AOT_COMPILE_CASES.items()},
 }
 
 
 class TestPackageFreezing(torch._dynamo.test_case.TestCase):
     reports: dict = {}
 
-    def run_cases(self, cases):
-        key = tuple(sorted(cases))
+    def run_cases(self, cases=None, modes=("save", "load")):
+        cases = ALL_CASES if cases is None else cases
+        key = tuple(cases)
         if key in TestPackageFreezing.reports:
             return TestPackageFreezing.reports[key]
         where = Path(tempfile.mkdtemp(prefix="package-freezing-"))
         self.addCleanup(shutil.rmtree, where, True)
         source = FREEZING_RUNNER.replace("{CASES}", repr(cases))
         reports = {}
-        for mode in ("save", "load"):
+        for mode in modes:
             proc = subprocess.run(
                 [sys.executable, "-c", source, mode, str(where)],
                 capture_output=True,
@@ -192,7 +253,7 @@ class TestPackageFreezing(torch._dynamo.test_case.TestCase):
 
     @parametrize("name", list(ROUND_TRIP_CASES))
     def test_frozen_package_loads_without_recompiling(self, name):
-        reports = self.run_cases(ROUND_TRIP_CASES)
+        reports = self.run_cases()
         saved, loaded = reports["save"][name], reports["load"][name]
         self.assertEqual((saved["warnings"], saved["entries"]), ([], 1))
         self.assertTrue(saved["frozen"])
@@ -205,17 +266,29 @@ class TestPackageFreezing(torch._dynamo.test_case.TestCase):
 
     @parametrize("name", list(CHANGED_PARAMETER_CASES))
     def test_frozen_package_for_changed_parameters_is_refused(self, name):
-        reports = self.run_cases(CHANGED_PARAMETER_CASES)
+        reports = self.run_cases()
         saved, loaded = reports["save"][name], reports["load"][name]
         self.assertEqual((saved["entries"], saved["frozen"]), (1, True))
         self.assertIn("PackageError", loaded.get("error", ""))
         self.assertIn(repr(CHANGED_PARAMETER_CASES[name]["change_at_load"]), loaded["error"])
         self.assertNotIn("same", loaded)
 
+    @parametrize("name", list(AOT_COMPILE_CASES))
+    def test_aot_compiled_frozen_forward(self, name):
+        reports = self.run_cases()
+        self.assertNotIn("error", reports["save"][name])
+        loaded, refusal = reports["load"][name], AOT_COMPILE_CASES[name][1]
+        if refusal is None:
+            self.assertEqual((loaded.get("error"), loaded.get("same")), (None, True))
+        else:
+            self.assertIn("PackageError", loaded.get("error", ""))
+            self.assertIn(refusal, loaded["error"])
+            self.assertNotIn("same", loaded)
+
     @parametrize("name", list(REFUSED_CASES))
     def test_frozen_graph_refused_at_save_with_a_warning_naming_why(self, name):
         cases = {n: case for n, (case, _) in REFUSED_CASES.items()}
-        saved = self.run_cases(cases)["save"][name]
+        saved = self.run_cases(cases, modes=("save",))["save"][name]
         self.assertEqual(saved["entries"], 0)
         self.assertEqual(len(saved["warnings"]), 1, saved["warnings"])
         self.assertIn(REFUSED_CASES[name][1], saved["warnings"][0])

@@ -53,6 +53,7 @@ from .package_artifacts import (
     _GraphRecord,
     _PackagedInductorGraph,
     _KernelRedirect,
+    _module_path,
     _sha256,
     _trust_recorded_vec_isa,
     _write_atomically,
@@ -407,6 +408,9 @@ class RecordingBackend:
         self.kind = kind
         self.options = compile_options(backend)
         self.records: dict[int, tuple[Any, _GraphRecord]] = {}
+        # Every frozen graph compiled so far, in order (the guard filter of a
+        # frame reads those its compile added: NOTE: [Parameters of frozen packages]).
+        self.frozen_records: list[_GraphRecord] = []
         # Dynamo (eval_frame.c) follows this chain to the backend it guards on.
         self._torchdynamo_orig_callable = backend
         # The compiler function Dynamo's own checks compare with: a frame that
@@ -434,16 +438,11 @@ class RecordingBackend:
         if self.kind == "inductor":
             _install_aot_listener()
             previous, _aot_listener.active = _aot_listener.active, record
-            frozen_capture = (
-                capturing_frozen_graph(record)
-                if record.frozen_under_no_grad
-                else contextlib.nullcontext()
-            )
             try:
                 # The package saves both graphs: compile the backward now.
                 with torch._functorch.config.patch(
                     force_non_lazy_backward_lowering=True
-                ), frozen_capture:
+                ), _frozen_compile(record):
                     compiled = self.backend(gm, example_inputs, **kwargs)
             finally:
                 _aot_listener.active = previous
@@ -452,6 +451,7 @@ class RecordingBackend:
                     name: source.name()
                     for name, source in (getattr(gm, "_param_name_to_source", None) or {}).items()
                 }
+                self.frozen_records.append(record)
         else:
             compiled = self.backend(gm, example_inputs, **kwargs)
         if self.kind.startswith(_CUSTOM_BACKEND):
@@ -474,6 +474,66 @@ class RecordingBackend:
 def _freezing_parameters() -> bool:
     """Whether Dynamo is folding parameters for Inductor's freezing right now."""
     return bool(_inductor_config_value("freezing")) and not torch.is_grad_enabled()
+
+
+# NOTE: [Weight prepacking in frozen packages]
+# On CPU Inductor's cpp.weight_prepack (on by default) turns the frozen conv
+# and linear weights into MKLDNN (opaque, unserializable) tensors made by
+# packing ops at compile time. A frozen graph a package records is compiled
+# with weight prepack off instead (one INFO line says so): the constants stay
+# dense and the graph calls the plain ATen conv / addmm kernels. A performance,
+# not a correctness, difference (measured in the README); a user who sets
+# options={'cpp.weight_prepack': True} explicitly is refused at save, naming it.
+@contextlib.contextmanager
+def _frozen_compile(record: _GraphRecord):
+    """While ``record``'s graph compiles: for a frozen graph, what freezing
+    built is recorded and weight prepack is off; else nothing."""
+    if not record.frozen_under_no_grad:
+        yield
+        return
+    from torch._inductor import config as inductor_config
+
+    prepack_off: Any = contextlib.nullcontext()
+    if "cpp.weight_prepack" not in record.options and inductor_config.cpp.weight_prepack:
+        log.info(
+            "torch.compile package: compiling a frozen graph with Inductor's "
+            "cpp.weight_prepack off (MKLDNN-packed weights cannot be saved)"
+        )
+        prepack_off = inductor_config.patch({"cpp.weight_prepack": False})
+    with prepack_off, capturing_frozen_graph(record):
+        yield
+
+
+def _with_frozen_parameter_filter(hooks, backend: Optional[RecordingBackend]):
+    """``hooks`` for one frame compiled under a package, whose guard_filter_fn
+    (after the user's) drops the ID_MATCH guards on the parameters the frame's
+    frozen graphs folded (NOTE: [Parameters of frozen packages])."""
+    if hooks is None or backend is None or backend.kind != "inductor":
+        return hooks
+    user_filter = getattr(hooks, "guard_filter_fn", None)
+    first = len(backend.frozen_records)
+
+    def guard_filter_fn(entries):
+        keep = list(user_filter(entries)) if user_filter else [True] * len(entries)
+        folded = {
+            source
+            for record in backend.frozen_records[first:]
+            for source in record.frozen.param_sources.values()
+            if _module_path(source) is not None
+        }
+        if not folded or len(keep) != len(entries):
+            return keep
+        return [
+            kept
+            and not (
+                entry.guard_type == "ID_MATCH"
+                and isinstance(entry.value, torch.Tensor)
+                and entry.orig_guard.name in folded
+            )
+            for kept, entry in zip(keep, entries)
+        ]
+
+    return dataclasses.replace(hooks, guard_filter_fn=guard_filter_fn)
 
 
 def _inductor_config_value(name: str):
@@ -839,9 +899,9 @@ class CompilePackage:
             reason += (
                 "; with freezing (torch._inductor.config.freezing under torch.no_grad()) "
                 "Dynamo guards the parameters it folds by identity, which another process "
-                "cannot check: compile with options={'guard_filter_fn': fn} where fn drops "
-                "ID_MATCH guards on tensors, and the package checks the parameter values "
-                "against the module it is loaded for instead"
+                "cannot check; the package checks the values instead only for parameters "
+                "and buffers of the compiled module (reached from self), so compile the "
+                "module that owns the parameters"
             )
         self._exclude(code, reason)
 
@@ -1327,6 +1387,7 @@ class PackageAwareConvertFrame:
         hit = self.lookup_precompiled(frame, cache_entry)
         if hit is not None:
             return hit
+        hooks = _with_frozen_parameter_filter(hooks, self.package.backend)
         with _recording(self.package):
             result = self._inner(frame, cache_entry, hooks, frame_state, **kwargs)
         if _skips_code(result):

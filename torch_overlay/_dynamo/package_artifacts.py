@@ -396,24 +396,48 @@ def _inductor_artifact(record: _GraphRecord, payload: dict) -> bytes:
 # indices. At load the entry's post-compile wrappers are rebuilt as for any
 # packaged Inductor graph, around the frozen graph with its saved constants.
 #
-# Refused at save, naming why: a frozen graph whose constants include MKLDNN
-# tensors (Inductor's cpp.weight_prepack on CPU packs conv and linear weights
-# into them; they cannot be serialized, and 2.7.1's FX graph cache bypasses
-# such graphs), a frozen graph of tensor subclasses, and freezing in grad mode
-# (Inductor does not freeze there, and AOTAutograd keeps no entry).
+# Inductor's cpp.weight_prepack (on by default on CPU) would turn the folded
+# conv and linear weights into MKLDNN tensors, opaque and unserializable: a
+# frozen graph a package records is compiled with it off (NOTE: [Weight
+# prepacking in frozen packages] in package.py). Refused at save, naming why:
+# a frozen graph whose constants are MKLDNN tensors all the same (the user set
+# cpp.weight_prepack explicitly, or the process registered Inductor's packing
+# passes at an earlier frozen compile with prepack on), a frozen graph of
+# tensor subclasses, and freezing in grad mode (Inductor does not freeze
+# there, and AOTAutograd keeps no entry).
+#
+# Upstream 2.13 packages no frozen graph: its AOTAutograd cache, which its
+# precompile saves graphs through, bypasses every graph compiled with freezing
+# on ("Cannot cache a graph with freezing enabled"), and its FX graph cache
+# keeps a frozen graph's constants by name, taking their values from the live
+# graph module. Its config.caching_precompile drops every ID_MATCH guard (on
+# any object, with a warning, in the compiling process too) and checks
+# nothing in its place.
 #
 # NOTE: [Parameters of frozen packages]
 # A frozen graph computes with the parameter values it was saved with. Dynamo
 # freezes the parameters of the module it compiles as attributes of its graph
-# (guarded by identity in the compiling process, which a fresh process cannot
-# check), so the loaded graph never reads the live module's parameters. The
-# package therefore records the parameter values the constants were folded
-# from, and the first call after a load compares them with the module the
-# package was loaded for (CompilePackage's compiled module): any difference
-# and the load is refused with a PackageError naming the parameter, never a
-# silently wrong result. Compared once per graph (on its first call); a
-# parameter changed in place after that first call is, as in a compiled frozen
-# model in any process, not seen (freezing's contract).
+# and guards each by identity (ID_MATCH), which a fresh process cannot check
+# (a tensor has no name another process could find it by). The package
+# replaces those guards by a check of its own: the guard_filter_fn the package
+# gives each frame it records (package.py's _with_frozen_parameter_filter,
+# applied after the user's) drops the ID_MATCH guards on exactly the
+# parameters and buffers of the compiled module (sources L['self']...) that a
+# frozen graph of that frame folded, and the package records the values they
+# were folded from, by their path under the module. Loading compares them
+# with the module the package is loaded for (CompilePackage's compiled
+# module: dtype, shape and values): any difference and the load is refused
+# with a PackageError naming the parameter, never a silently wrong result.
+# A parameter REPLACED by an equal one loads (the identity a fresh process
+# re-establishes is "the module's live parameter at that path, with the
+# saved value"). What is not seen, in the saving process as in a loading
+# one: a parameter changed after the compile or load, in place (freezing's
+# contract, as without a package) or, since its identity guard is gone, by
+# replacement. A folded parameter reached other than through the compiled
+# module (a global module's) keeps its ID_MATCH guard, so its entry is left
+# out at save, with a warning. aot_compile's load has no module to check the
+# values against (the module is an argument of each call), so a frozen
+# aot_compile'd function with folded parameters is refused at load.
 
 
 @dataclasses.dataclass
@@ -428,6 +452,8 @@ class _FrozenCapture:
     freezing_wrapper: Any = None
     # Dynamo graph attribute -> the source it was read from (L['self']...).
     param_sources: dict = dataclasses.field(default_factory=dict)
+    # Inductor's cpp.weight_prepack while the freezing compiler ran.
+    weight_prepack: bool = False
 
 
 @contextlib.contextmanager
@@ -457,7 +483,10 @@ def capturing_frozen_graph(record: _GraphRecord):
         return result
 
     def recording_freezing_compiler(aot_autograd_model, *args, **kwargs):
+        from torch._inductor import config as inductor_config
+
         capture.fw_metadata = torch._guards.TracingContext.get().fw_metadata
+        capture.weight_prepack = bool(inductor_config.cpp.weight_prepack)
         wrapper = freezing_compiler(aot_autograd_model, *args, **kwargs)
         # freeze() folds the constants into this very graph module.
         capture.frozen_gm = aot_autograd_model
@@ -495,13 +524,22 @@ def _frozen_constants(capture: _FrozenCapture, graph) -> dict[str, torch.Tensor]
     constants = CompiledFxGraphConstantsWithGm(capture.frozen_gm).unwrap(graph)
     packed = sorted(name for name, t in constants.items() if t.is_mkldnn)
     if packed or getattr(graph, "_fx_graph_cache_key", None) is None:
-        reason = (
-            f"its constants {', '.join(packed)} are MKLDNN tensors (Inductor option "
-            "cpp.weight_prepack packs weights on CPU), which cannot be serialized; "
-            "compile with options={'freezing': True, 'cpp.weight_prepack': False} to package it"
-            if packed
-            else "Inductor's FX graph cache did not store it"
-        )
+        reason = "Inductor's FX graph cache did not store it"
+        if packed and capture.weight_prepack:
+            reason = (
+                f"its constants {', '.join(packed)} are MKLDNN tensors (Inductor option "
+                "cpp.weight_prepack, set explicitly, packs weights on CPU), which cannot be "
+                "serialized; leave cpp.weight_prepack unset (a package compiles frozen "
+                "graphs without it) to package it"
+            )
+        elif packed:
+            reason = (
+                f"its constants {', '.join(packed)} are MKLDNN tensors although "
+                "cpp.weight_prepack was off for this compile: Inductor registers its "
+                "weight-packing passes once per process, at the first frozen compile with "
+                "cpp.weight_prepack on, and applies them from then on; save the package from "
+                "a process that compiled no frozen graph with weight prepack before"
+            )
         raise PackageError(f"options={{'freezing': True}}: the frozen graph cannot be packaged: {reason}")
     return {name: t.detach() for name, t in constants.items()}
 
