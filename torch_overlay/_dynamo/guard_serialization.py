@@ -696,14 +696,18 @@ def _strip_guard(guard):
     return type(guard)(guard.originating_source, create_fn)
 
 
+_NOT_RECORDED = object()
+
+
 def refuse_local_class_type_matches(guards, recorded_values: dict) -> None:
     """TYPE_MATCH compares the class itself: refused for a class defined in local
     scope (see NOTE: [Classes defined in local scope]). Checked before any value
     is converted, so this is the error a user sees, as upstream raises it first."""
     for guard in guards:
-        if "TYPE_MATCH" not in guard_type_names(guard) or guard.name not in recorded_values:
+        value = recorded_values.get(guard.name, _NOT_RECORDED)
+        if value is _NOT_RECORDED or "TYPE_MATCH" not in guard_type_names(guard):
             continue
-        cls = type(recorded_values[guard.name])
+        cls = type(value)
         if _is_local_class(cls):
             raise local_class_refusal("TYPE_MATCH", guard.name, cls)
 

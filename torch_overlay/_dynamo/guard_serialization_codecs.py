@@ -63,11 +63,22 @@ class _StandInConverter:
         self.recorder = recorder
         self.memo: dict[int, Any] = {}
         self.recorded_ids = {id(v) for v in recorder.values.values()}
-        # source name -> the guard types built on it, to name them in refusals
-        self.guard_types_by_name: dict[str, list[str]] = {}
-        for guard in guards:
-            types_here = self.guard_types_by_name.setdefault(guard.name, [])
-            types_here.extend(n for n in guard_type_names(guard) if n not in types_here)
+        self._guards = guards
+        self._guard_types_by_name: Optional[dict[str, list[str]]] = None
+
+    @property
+    def guard_types_by_name(self) -> dict[str, list[str]]:
+        """source name -> the guard types built on it, to name them in refusals
+        (worked out at the first refusal: a save that refuses nothing never
+        needs it)."""
+        if self._guard_types_by_name is None:
+            self._guard_types_by_name = {}
+            for guard in self._guards:
+                types_here = self._guard_types_by_name.setdefault(guard.name, [])
+                types_here.extend(
+                    n for n in guard_type_names(guard) if n not in types_here
+                )
+        return self._guard_types_by_name
 
     def guard_type_at(self, path: str, prefer=()) -> str:
         """The guard type to name in a refusal for a value at ``path``: one built
@@ -100,8 +111,8 @@ class _StandInConverter:
             return self.memo[key]
         guarded = guarded or key in self.recorded_ids
         path = self.recorder.sources.get(key, path)
-        for codec in _SAVE_CODECS:
-            if codec.accepts(obj, guarded):
+        for codec, takes_its_type in _save_plan(type(obj)):
+            if takes_its_type or codec.accepts(obj, guarded):
                 stand_in = codec.save(self, obj, path, guarded)
                 if stand_in is not _DECLINED:
                     return stand_in
@@ -261,6 +272,13 @@ class StandInCodec:
         return False
 
     @staticmethod
+    def accepts_type(cls: type) -> Optional[bool]:
+        """Whether ``accepts`` takes every object of type ``cls`` (True), none
+        (False), or it depends on more than the type (None, the default); see
+        NOTE: [Codec dispatch by type]."""
+        return None
+
+    @staticmethod
     def save(converter: _StandInConverter, obj, path: str, guarded: bool) -> Any:
         raise NotImplementedError
 
@@ -271,6 +289,32 @@ class StandInCodec:
 
 _SAVE_CODECS: list[type[StandInCodec]] = []
 _LOAD_CODECS: dict[type, type[StandInCodec]] = {}
+
+
+# NOTE: [Codec dispatch by type]
+# Saving converts every recorded value, and most of them reach one of the last
+# codecs (a module is an _ObjectCodec value), so asking each codec in turn costs
+# more than the conversion itself. A codec whose ``accepts`` depends only on the
+# object's type says so in ``accepts_type``; the codecs to ask about an object of
+# a type are worked out once per type: those that take none of its objects are
+# left out, those that take all of them are not asked again. The order and what
+# is asked of the others are unchanged, so the dispatch decides exactly as
+# asking every codec would.
+_save_plans: weakref.WeakKeyDictionary[type, tuple] = weakref.WeakKeyDictionary()
+
+
+def _save_plan(cls: type) -> tuple:
+    """(codec, takes every object of ``cls``) for the codecs that may take one."""
+    plan = _save_plans.get(cls)
+    if plan is None:
+        plan = tuple(
+            (codec, known)
+            for codec in _SAVE_CODECS
+            for known in (codec.accepts_type(cls),)
+            if known is not False
+        )
+        _save_plans[cls] = plan
+    return plan
 
 
 def _register_codec(codec: type[StandInCodec]) -> type[StandInCodec]:
@@ -296,6 +340,10 @@ class _DtypeCodec(StandInCodec):
         return isinstance(obj, torch.dtype)
 
     @staticmethod
+    def accepts_type(cls):
+        return issubclass(cls, torch.dtype)
+
+    @staticmethod
     def save(converter, obj, path, guarded):
         return _DtypeStandIn(str(obj).replace("torch.", ""))
 
@@ -318,6 +366,10 @@ class _DeviceCodec(StandInCodec):
         return isinstance(obj, torch.device)
 
     @staticmethod
+    def accepts_type(cls):
+        return issubclass(cls, torch.device)
+
+    @staticmethod
     def save(converter, obj, path, guarded):
         return _DeviceStandIn(str(obj))
 
@@ -338,6 +390,10 @@ class _SizeCodec(StandInCodec):
     @staticmethod
     def accepts(obj, guarded):
         return isinstance(obj, torch.Size)
+
+    @staticmethod
+    def accepts_type(cls):
+        return issubclass(cls, torch.Size)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -375,6 +431,13 @@ class _NamedCodec(StandInCodec):
         )
 
     @staticmethod
+    def accepts_type(cls):
+        if issubclass(cls, (torch.layout, torch.memory_format, *_NAMED_KINDS)):
+            return True
+        # builtins.__dict__ is taken by identity: other dicts are not.
+        return None if cls is dict else False
+
+    @staticmethod
     def save(converter, obj, path, guarded):
         if isinstance(obj, (torch.layout, torch.memory_format)):
             return _NamedRef("torch", str(obj).replace("torch.", ""))
@@ -402,6 +465,10 @@ class _EnumCodec(StandInCodec):
     @staticmethod
     def accepts(obj, guarded):
         return isinstance(obj, enum.Enum)
+
+    @staticmethod
+    def accepts_type(cls):
+        return issubclass(cls, enum.Enum)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -453,6 +520,10 @@ class _TensorCodec(StandInCodec):
     @staticmethod
     def accepts(obj, guarded):
         return isinstance(obj, torch.Tensor)
+
+    @staticmethod
+    def accepts_type(cls):
+        return issubclass(cls, torch.Tensor)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -615,6 +686,10 @@ class _DictCodec(StandInCodec):
         return type(obj) in (dict, collections.OrderedDict)
 
     @staticmethod
+    def accepts_type(cls):
+        return cls in (dict, collections.OrderedDict)
+
+    @staticmethod
     def save(converter, obj, path, guarded):
         out = type(obj)()
         converter.memo[id(obj)] = out
@@ -646,6 +721,10 @@ class _DefaultDictCodec(StandInCodec):
         return type(obj) is collections.defaultdict
 
     @staticmethod
+    def accepts_type(cls):
+        return cls is collections.defaultdict
+
+    @staticmethod
     def save(converter, obj, path, guarded):
         out = _DefaultDictStandIn(None, {})
         converter.memo[id(obj)] = out
@@ -674,6 +753,10 @@ class _ListCodec(StandInCodec):
         return type(obj) is list
 
     @staticmethod
+    def accepts_type(cls):
+        return cls is list
+
+    @staticmethod
     def save(converter, obj, path, guarded):
         out: list = []
         converter.memo[id(obj)] = out
@@ -697,6 +780,10 @@ class _TupleCodec(StandInCodec):
         return type(obj) is tuple
 
     @staticmethod
+    def accepts_type(cls):
+        return cls is tuple
+
+    @staticmethod
     def save(converter, obj, path, guarded):
         return tuple(converter.child(v, f"{path}[{i}]", guarded) for i, v in enumerate(obj))
 
@@ -712,6 +799,10 @@ class _SetCodec(StandInCodec):
     @staticmethod
     def accepts(obj, guarded):
         return type(obj) in (set, frozenset)
+
+    @staticmethod
+    def accepts_type(cls):
+        return cls in (set, frozenset)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -731,6 +822,10 @@ class _SliceCodec(StandInCodec):
         return type(obj) is slice
 
     @staticmethod
+    def accepts_type(cls):
+        return cls is slice
+
+    @staticmethod
     def save(converter, obj, path, guarded):
         return slice(*(converter.convert(x, path, True) for x in (obj.start, obj.stop, obj.step)))
 
@@ -746,6 +841,10 @@ class _RangeCodec(StandInCodec):
     @staticmethod
     def accepts(obj, guarded):
         return type(obj) is range
+
+    @staticmethod
+    def accepts_type(cls):
+        return cls is range
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -764,6 +863,10 @@ class _MappingProxyCodec(StandInCodec):
     @staticmethod
     def accepts(obj, guarded):
         return isinstance(obj, types.MappingProxyType)
+
+    @staticmethod
+    def accepts_type(cls):
+        return issubclass(cls, types.MappingProxyType)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -786,6 +889,10 @@ class _TupleIteratorCodec(StandInCodec):
     @staticmethod
     def accepts(obj, guarded):
         return type(obj).__name__ == "tuple_iterator"
+
+    @staticmethod
+    def accepts_type(cls):
+        return cls.__name__ == "tuple_iterator"
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -816,6 +923,10 @@ class _RangeIteratorCodec(StandInCodec):
         return type(obj).__name__ == "range_iterator"
 
     @staticmethod
+    def accepts_type(cls):
+        return cls.__name__ == "range_iterator"
+
+    @staticmethod
     def save(converter, obj, path, guarded):
         _, (rng,), index = obj.__reduce__()
         return _RangeIteratorStandIn(rng.start, rng.stop, rng.step, index)
@@ -840,6 +951,10 @@ class _DispatchKeySetCodec(StandInCodec):
     @staticmethod
     def accepts(obj, guarded):
         return isinstance(obj, torch._C.DispatchKeySet)
+
+    @staticmethod
+    def accepts_type(cls):
+        return issubclass(cls, torch._C.DispatchKeySet)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -873,6 +988,10 @@ class _WeakrefCodec(StandInCodec):
     @staticmethod
     def accepts(obj, guarded):
         return type(obj) is weakref.ReferenceType
+
+    @staticmethod
+    def accepts_type(cls):
+        return cls is weakref.ReferenceType
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -989,6 +1108,10 @@ class _TupleSubclassCodec(StandInCodec):
         return isinstance(obj, tuple)
 
     @staticmethod
+    def accepts_type(cls):
+        return issubclass(cls, tuple)
+
+    @staticmethod
     def save(converter, obj, path, guarded):
         cls_ref = converter.class_ref(type(obj), path)
         if cls_ref is None:
@@ -1020,6 +1143,10 @@ class _PartialCodec(StandInCodec):
     @staticmethod
     def accepts(obj, guarded):
         return type(obj) is functools.partial
+
+    @staticmethod
+    def accepts_type(cls):
+        return cls is functools.partial
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1055,6 +1182,10 @@ class _BoundMethodCodec(StandInCodec):
         return isinstance(obj, types.MethodType)
 
     @staticmethod
+    def accepts_type(cls):
+        return issubclass(cls, types.MethodType)
+
+    @staticmethod
     def save(converter, obj, path, guarded):
         return _BoundMethodStandIn(
             converter.convert(obj.__func__, f"{path}.__func__", True),
@@ -1082,6 +1213,10 @@ class _CellCodec(StandInCodec):
     @staticmethod
     def accepts(obj, guarded):
         return isinstance(obj, types.CellType)
+
+    @staticmethod
+    def accepts_type(cls):
+        return issubclass(cls, types.CellType)
 
     @staticmethod
     def save(converter, obj, path, guarded):
