@@ -1876,6 +1876,60 @@ class TestVerifySerializedGuards(GuardSerializationTestCase):
 instantiate_parametrized_tests(TestGuardSerialization)
 
 
+def _codec_dispatch_samples() -> list:
+    """One object of each kind a guard may read."""
+
+    def function():
+        pass
+
+    cell = (lambda: function).__closure__[0]
+    return [
+        1, "s", None, torch.float32, torch.device("cpu"), torch.Size([2]),
+        torch.strided, torch.contiguous_format, torch, Small, Small(), function,
+        len, str.join, Color.RED, torch.ones(2), torch.nn.Parameter(torch.ones(2)),
+        TwoTensor(torch.ones(2), torch.ones(2)), {"a": 1}, collections.OrderedDict(),
+        collections.defaultdict(list), [1], (1,), collections.namedtuple("P", "x")(1),
+        {1}, frozenset(), slice(1, 2), range(3), types.MappingProxyType({}),
+        iter((1, 2)), iter(range(2)), torch._C._dispatch_tls_local_include_set(),
+        pytree.tree_flatten, functools.partial(function), Small().forward, cell,
+        object(), vars(__builtins__) if isinstance(__builtins__, types.ModuleType)
+        else __builtins__, {}.keys(), Foo(),
+    ]
+
+
+class TestCodecDispatch(GuardSerializationTestCase):
+    """The save side asks only the codecs that may take an object's type (NOTE:
+    [Codec dispatch by type] in guard_serialization_codecs.py)."""
+
+    def test_accepts_type_agrees_with_accepts(self):
+        from torch._dynamo import guard_serialization_codecs as codecs
+
+        for obj in _codec_dispatch_samples():
+            for codec in codecs._SAVE_CODECS:
+                by_type = codec.accepts_type(type(obj))
+                if by_type is None:
+                    continue
+                for guarded in (True, False):
+                    self.assertEqual(
+                        codec.accepts(obj, guarded),
+                        by_type,
+                        f"{codec.__name__} on a {type(obj).__qualname__}",
+                    )
+
+    def test_the_plan_asks_the_codecs_asking_all_would_take(self):
+        from torch._dynamo import guard_serialization_codecs as codecs
+
+        for obj in _codec_dispatch_samples():
+            for guarded in (True, False):
+                every = [c for c in codecs._SAVE_CODECS if c.accepts(obj, guarded)]
+                planned = [
+                    c
+                    for c, takes in codecs._save_plan(type(obj))
+                    if takes or c.accepts(obj, guarded)
+                ]
+                self.assertEqual(planned, every, type(obj).__qualname__)
+
+
 if __name__ == "__main__":
     from torch._dynamo.test_case import run_tests
 
