@@ -1071,104 +1071,126 @@ def ordered_case_ids(probe_runs: dict) -> list[str]:
     return list(order)
 
 
-def render_markdown(report: dict) -> str:
-    lines: list[str] = []
-    add = lines.append
-    envs = report["environments"]
-    add("# Behaviour diff: stock 2.7.1, overlay, patched wheel, upstream 2.13")
-    add("")
+def environment_row(label: str, e: dict) -> str:
+    """One row of the environments table: torch, description, pytest and probe runs."""
+    pytest_info = e.get("pytest") or {}
+    if e["status"] != "ok":
+        torch_text = f"**{e['status']}**: {md(e.get('detail'))}"
+    else:
+        torch_text = f"{e['torch']} ({e.get('guards_loader')})"
+    pytest_text = pytest_info.get("summary") or pytest_info.get("status", "not run")
+    if pytest_info.get("detail"):
+        pytest_text += f": {pytest_info['detail']}"
+    if pytest_info.get("seconds") is not None:
+        pytest_text += f" [{pytest_info['seconds']} s]"
+    probes = e.get("probes") or {}
+    probe_text = probes.get("status", "not run")
+    if probes.get("detail"):
+        probe_text += f": {probes['detail']}"
+    if probes.get("wall_seconds"):
+        probe_text += f" [{probes['wall_seconds']} s]"
+    return f"| {label} | {md(torch_text)} | {md(e['description'])} | {md(pytest_text)} | {md(probe_text)} |"
+
+
+def render_header(report: dict) -> list[str]:
+    """Title, when and where the report was made, and the environments table."""
     git = report["git"]
     dirty = f" (+{git['dirty_files']} uncommitted files)" if git["dirty_files"] else ""
-    add(
+    lines = [
+        "# Behaviour diff: stock 2.7.1, overlay, patched wheel, upstream 2.13",
+        "",
         f"Generated {report['generated']} in {report['seconds']} s at `{git['head'][:12]}`"
-        f"{dirty}."
-    )
-    add("")
-    add("| environment | torch | what | pytest | probes |")
-    add("|---|---|---|---|---|")
-    for label, e in envs.items():
-        pytest_info = e.get("pytest") or {}
-        if e["status"] != "ok":
-            torch_text = f"**{e['status']}**: {md(e.get('detail'))}"
-        else:
-            torch_text = f"{e['torch']} ({e.get('guards_loader')})"
-        pytest_text = pytest_info.get("summary") or pytest_info.get("status", "not run")
-        if pytest_info.get("detail"):
-            pytest_text += f": {pytest_info['detail']}"
-        if pytest_info.get("seconds") is not None:
-            pytest_text += f" [{pytest_info['seconds']} s]"
-        probes = e.get("probes") or {}
-        probe_text = probes.get("status", "not run")
-        if probes.get("detail"):
-            probe_text += f": {probes['detail']}"
-        if probes.get("wall_seconds"):
-            probe_text += f" [{probes['wall_seconds']} s]"
-        add(f"| {label} | {md(torch_text)} | {md(e['description'])} | {md(pytest_text)} | {md(probe_text)} |")
-    add("")
+        f"{dirty}.",
+        "",
+        "| environment | torch | what | pytest | probes |",
+        "|---|---|---|---|---|",
+    ]
+    lines.extend(environment_row(label, e) for label, e in report["environments"].items())
+    lines.append("")
+    return lines
 
-    add("## Summary")
-    add("")
-    for note in report.get("notes", []):
-        add(f"- **Note**: {note}")
-    for entry in report["agreement"]:
-        a, b = entry["pair"]
-        if entry["agree"]:
-            add(f"- **{a} vs {b}: agree** on every test and every probe decision.")
-        else:
-            parts = []
-            if entry.get("error"):
-                parts.append(entry["error"].strip())
-            if entry.get("tests"):
-                parts.append(f"{len(entry['tests'])} tests disagree")
-            if entry.get("probes"):
-                parts.append(f"{len(entry['probes'])} probe results disagree")
-            if entry.get("precompile"):
-                parts.append(f"{len(entry['precompile'])} precompile probe results disagree")
-            gate = "" if entry["required"] else " (informational here; `make agree-overlay-wheel` gates on it)"
-            add(f"- **{a} vs {b}: DISAGREE**{gate}: {'; '.join(parts)}.")
+
+def agreement_line(entry: dict) -> str:
+    """The summary's line for one pair of environments."""
+    a, b = entry["pair"]
+    if entry["agree"]:
+        return f"- **{a} vs {b}: agree** on every test and every probe decision."
+    parts = []
+    if entry.get("error"):
+        parts.append(entry["error"].strip())
+    if entry.get("tests"):
+        parts.append(f"{len(entry['tests'])} tests disagree")
+    if entry.get("probes"):
+        parts.append(f"{len(entry['probes'])} probe results disagree")
+    if entry.get("precompile"):
+        parts.append(f"{len(entry['precompile'])} precompile probe results disagree")
+    gate = "" if entry["required"] else " (informational here; `make agree-overlay-wheel` gates on it)"
+    return f"- **{a} vs {b}: DISAGREE**{gate}: {'; '.join(parts)}."
+
+
+def versus_upstream_count_line(vs: Optional[dict], what: str) -> list[str]:
+    """'<ours> vs upstream-2.13 <what> differences: N, of which M UNEXPECTED.'"""
+    if not vs:
+        return []
+    unexpected = [d for d in vs["differences"] if not d["intended"]]
+    return [
+        f"- {vs['ours']} vs upstream-2.13 {what} differences: {len(vs['differences'])}, "
+        f"of which **{len(unexpected)} UNEXPECTED**."
+    ]
+
+
+def render_summary(report: dict) -> list[str]:
+    lines = ["## Summary", ""]
+    lines.extend(f"- **Note**: {note}" for note in report.get("notes", []))
+    lines.extend(agreement_line(entry) for entry in report["agreement"])
     bugs = report.get("probe_bugs", [])
-    add(
+    lines.append(
         f"- Loaded-vs-reference guard mismatches (bugs): **{len(bugs)}**"
         + (f" ({', '.join(sorted({b['environment'] for b in bugs}))})" if bugs else "")
         + "."
     )
-    vs = report.get("probe_vs_upstream")
-    if vs:
-        unexpected = [d for d in vs["differences"] if not d["intended"]]
-        add(
-            f"- {vs['ours']} vs upstream-2.13 probe differences: {len(vs['differences'])}, "
-            f"of which **{len(unexpected)} UNEXPECTED**."
-        )
-    pvs = report.get("precompile_vs_upstream")
-    if pvs:
-        unexpected = [d for d in pvs["differences"] if not d["intended"]]
-        add(
-            f"- {pvs['ours']} vs upstream-2.13 precompile probe differences: {len(pvs['differences'])}, "
-            f"of which **{len(unexpected)} UNEXPECTED**."
-        )
+    lines.extend(versus_upstream_count_line(report.get("probe_vs_upstream"), "probe"))
+    lines.extend(
+        versus_upstream_count_line(report.get("precompile_vs_upstream"), "precompile probe")
+    )
     comparison = report["test_comparison"]
-    add(
+    lines.append(
         f"- Tests: {len(comparison['tests'])} across {', '.join(comparison['environments']) or 'no environment'}; "
         f"{len(comparison['differing'])} differ in outcome between environments."
     )
-    add("")
+    lines.append("")
+    return lines
 
-    if bugs:
-        add("## BUGS: loaded guards decide unlike the reference guards they were saved from")
-        add("")
-        add("| environment | case | kind | input | reference | loaded | detail |")
-        add("|---|---|---|---|---|---|---|")
-        for bug in bugs:
-            why = bug.get("why") or {}
-            detail = bug.get("detail") or "; ".join(f"{k}: {v}" for k, v in why.items())
-            add(
-                f"| {bug['environment']} | `{bug['case']}` | {md(bug['kind'])} | {md(bug.get('input', ''))} "
-                f"| {fmt_decision(bug.get('reference')) if 'reference' in bug else ''} "
-                f"| {md(', '.join(f'{c}: {fmt_decision(v)}' for c, v in bug['loaded'].items())) if 'loaded' in bug else ''} "
-                f"| {md(detail)} |"
-            )
-        add("")
 
+def render_bugs(report: dict) -> list[str]:
+    """The loaded-vs-reference guard mismatches, one table row each."""
+    bugs = report.get("probe_bugs", [])
+    if not bugs:
+        return []
+    lines = [
+        "## BUGS: loaded guards decide unlike the reference guards they were saved from",
+        "",
+        "| environment | case | kind | input | reference | loaded | detail |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for bug in bugs:
+        why = bug.get("why") or {}
+        detail = bug.get("detail") or "; ".join(f"{k}: {v}" for k, v in why.items())
+        lines.append(
+            f"| {bug['environment']} | `{bug['case']}` | {md(bug['kind'])} | {md(bug.get('input', ''))} "
+            f"| {fmt_decision(bug.get('reference')) if 'reference' in bug else ''} "
+            f"| {md(', '.join(f'{c}: {fmt_decision(v)}' for c, v in bug['loaded'].items())) if 'loaded' in bug else ''} "
+            f"| {md(detail)} |"
+        )
+    lines.append("")
+    return lines
+
+
+def render_disagreements(report: dict) -> list[str]:
+    """One section per pair of environments that disagree: tests, guard probes and
+    precompile probes on which they do."""
+    lines: list[str] = []
+    add = lines.append
     for entry in report["agreement"]:
         if entry["agree"]:
             continue
@@ -1188,64 +1210,89 @@ def render_markdown(report: dict) -> str:
                 f"{md(fmt_precompile_decision(p.get(a)))}, {b} {md(fmt_precompile_decision(p.get(b)))}"
             )
         add("")
-    lines.extend(render_precompile(report))
+    return lines
 
-    if vs:
-        def describe_guard_difference(d, tag):
-            for side, who in (("ours", vs["ours"]), ("theirs", "upstream")):
-                if d.get(f"{side}_self_mismatch"):
-                    tag += f" (⚠ {who}'s loaded guards disagree with its reference: see BUGS)"
-            if d["kind"] == "status":
-                add(
-                    f"- {tag} `{d['case']}`: {vs['ours']} **{d['ours_status']}**"
-                    + refusal_text(d.get("ours_refusal"))
-                    + f"; upstream **{d['theirs_status']}**"
-                    + refusal_text(d.get("theirs_refusal"))
-                )
-                return
-            add(f"- {tag} `{d['case']}`: loaded decisions differ on {len(d['inputs'])} input(s)")
-            for i in d["inputs"]:
-                add(
-                    f"    - {md(i['input'])}: {vs['ours']} ref {fmt_decision(i['ours_reference'])} / "
-                    f"loaded {fmt_decision(i['ours_loaded'])}; upstream ref "
-                    f"{fmt_decision(i['theirs_reference'])} / loaded {fmt_decision(i['theirs_loaded'])}"
-                    + (" (references differ)" if i["references_differ"] else " (**serialization**)")
-                    + (f"; {vs['ours']}: {md(i['ours_why'])}" if i["ours_why"] else "")
-                    + (f"; upstream: {md(i['theirs_why'])}" if i["theirs_why"] else "")
-                )
 
-        render_versus_upstream(
-            add,
-            "Guard probes",
-            "Decisions compared are those of the LOADED guards in a fresh process. "
-            "`references differ` means the two versions' own compile-time guards already "
-            "decide differently (their guard sets differ), not a serialization effect.",
-            vs,
-            report.get("unused_expected_differences"),
-            describe_guard_difference,
+def guard_difference_lines(vs: dict, d: dict, tag: str) -> list[str]:
+    """One guard probe difference against upstream: a status line, or the inputs on
+    which the loaded guards decide differently."""
+    for side, who in (("ours", vs["ours"]), ("theirs", "upstream")):
+        if d.get(f"{side}_self_mismatch"):
+            tag += f" (⚠ {who}'s loaded guards disagree with its reference: see BUGS)"
+    if d["kind"] == "status":
+        return [
+            f"- {tag} `{d['case']}`: {vs['ours']} **{d['ours_status']}**"
+            + refusal_text(d.get("ours_refusal"))
+            + f"; upstream **{d['theirs_status']}**"
+            + refusal_text(d.get("theirs_refusal"))
+        ]
+    lines = [f"- {tag} `{d['case']}`: loaded decisions differ on {len(d['inputs'])} input(s)"]
+    for i in d["inputs"]:
+        lines.append(
+            f"    - {md(i['input'])}: {vs['ours']} ref {fmt_decision(i['ours_reference'])} / "
+            f"loaded {fmt_decision(i['ours_loaded'])}; upstream ref "
+            f"{fmt_decision(i['theirs_reference'])} / loaded {fmt_decision(i['theirs_loaded'])}"
+            + (" (references differ)" if i["references_differ"] else " (**serialization**)")
+            + (f"; {vs['ours']}: {md(i['ours_why'])}" if i["ours_why"] else "")
+            + (f"; upstream: {md(i['theirs_why'])}" if i["theirs_why"] else "")
         )
+    return lines
 
+
+def render_guard_versus_upstream(report: dict) -> list[str]:
+    vs = report.get("probe_vs_upstream")
+    if not vs:
+        return []
+    lines: list[str] = []
+    render_versus_upstream(
+        lines.append,
+        "Guard probes",
+        "Decisions compared are those of the LOADED guards in a fresh process. "
+        "`references differ` means the two versions' own compile-time guards already "
+        "decide differently (their guard sets differ), not a serialization effect.",
+        vs,
+        report.get("unused_expected_differences"),
+        lambda d, tag: lines.extend(guard_difference_lines(vs, d, tag)),
+    )
+    return lines
+
+
+def probe_status_cell(status: str, case: dict) -> str:
+    """A case's status in one environment, with the refusal or error message."""
+    if status == "refused":
+        status += f": {md(normalize((case.get('refusal') or {}).get('message', '')))[:140]}"
+    elif status in ("trace_error", "reference_error"):
+        status += f": {md((case.get('error') or {}).get('message', ''))[:140]}"
+    return status
+
+
+def render_probe_statuses(report: dict) -> list[str]:
     statuses = report.get("probe_statuses") or {}
-    if statuses:
-        probe_labels = list(next(iter(statuses.values())).keys())
-        add("## Guard probe statuses")
-        add("")
-        add("| case | " + " | ".join(probe_labels) + " |")
-        add("|---|" + "---|" * len(probe_labels))
-        cases = report.get("probe_cases", {})
-        for case_id, by_env in statuses.items():
-            cells = []
-            for label in probe_labels:
-                status = by_env.get(label, ABSENT)
-                case = cases.get(label, {}).get(case_id, {})
-                if status == "refused":
-                    status += f": {md(normalize((case.get('refusal') or {}).get('message', '')))[:140]}"
-                elif status in ("trace_error", "reference_error"):
-                    status += f": {md((case.get('error') or {}).get('message', ''))[:140]}"
-                cells.append(status)
-            add(f"| `{case_id}` | " + " | ".join(cells) + " |")
-        add("")
+    if not statuses:
+        return []
+    probe_labels = list(next(iter(statuses.values())).keys())
+    lines = [
+        "## Guard probe statuses",
+        "",
+        "| case | " + " | ".join(probe_labels) + " |",
+        "|---|" + "---|" * len(probe_labels),
+    ]
+    cases = report.get("probe_cases", {})
+    for case_id, by_env in statuses.items():
+        cells = [
+            probe_status_cell(by_env.get(label, ABSENT), cases.get(label, {}).get(case_id, {}))
+            for label in probe_labels
+        ]
+        lines.append(f"| `{case_id}` | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
 
+
+def render_guard_type_coverage(report: dict) -> list[str]:
+    """Which guard types the probes emit in each environment, then the probe cases
+    whose battery does not separate."""
+    lines: list[str] = []
+    add = lines.append
     coverage = report.get("guard_type_coverage") or {}
     if coverage:
         probe_labels = sorted({label for per in coverage.values() for label in per})
@@ -1266,33 +1313,60 @@ def render_markdown(report: dict) -> str:
         for label, cases in weak.items():
             add(f"- {label}: {', '.join(cases)}")
         add("")
+    return lines
 
+
+def render_differing_tests(report: dict) -> list[str]:
     comparison = report["test_comparison"]
-    add("## Tests whose outcome differs between environments")
-    add("")
+    lines = ["## Tests whose outcome differs between environments", ""]
     if not comparison["differing"]:
-        add("None.")
+        lines.append("None.")
     for d in comparison["differing"]:
         outcomes = ", ".join(f"{k} {v}" for k, v in d["outcomes"].items())
-        add(f"- `{d['test']}`: {outcomes}")
+        lines.append(f"- `{d['test']}`: {outcomes}")
         for label, message in d["messages"].items():
-            add(f"    - {label}: {md(message)}")
-    add("")
+            lines.append(f"    - {label}: {md(message)}")
+    lines.append("")
+    return lines
 
-    add("## Test outcomes")
-    add("")
-    ran = comparison["environments"]
-    add("| test | " + " | ".join(ran) + " |")
-    add("|---|" + "---|" * len(ran))
-    for test_id in comparison["tests"]:
+
+def render_test_outcomes(report: dict) -> list[str]:
+    """Every test's outcome in every environment that ran the suite."""
+    ran = report["test_comparison"]["environments"]
+    lines = [
+        "## Test outcomes",
+        "",
+        "| test | " + " | ".join(ran) + " |",
+        "|---|" + "---|" * len(ran),
+    ]
+    for test_id in report["test_comparison"]["tests"]:
         cells = []
         for label in ran:
             test = report["tests"][label].get(test_id)
             cells.append(test["outcome"] if test else ABSENT)
         marker = " ⚠" if len(set(cells)) > 1 else ""
-        add(f"| `{md(test_id)}`{marker} | " + " | ".join(cells) + " |")
-    add("")
-    return "\n".join(lines)
+        lines.append(f"| `{md(test_id)}`{marker} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
+
+
+# The report's sections, in order.
+REPORT_SECTIONS = (
+    render_header,
+    render_summary,
+    render_bugs,
+    render_disagreements,
+    render_precompile,
+    render_guard_versus_upstream,
+    render_probe_statuses,
+    render_guard_type_coverage,
+    render_differing_tests,
+    render_test_outcomes,
+)
+
+
+def render_markdown(report: dict) -> str:
+    return "\n".join(line for section in REPORT_SECTIONS for line in section(report))
 
 
 def refusal_text(refusal: Optional[dict]) -> str:
@@ -1316,7 +1390,7 @@ def parse_pairs(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def main(argv=None) -> int:
+def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report directory")
     parser.add_argument(
@@ -1365,17 +1439,17 @@ def main(argv=None) -> int:
     parser.add_argument("--probe-timeout", type=int, default=600, help="seconds per environment")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     parser.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    return parser
+
+
+def selected_environments(parser: argparse.ArgumentParser, args) -> list[Environment]:
+    """The environments --envs names, after checking that --require-agreement and
+    --junit name only those (``args.junit`` becomes a label -> path dict)."""
     wanted = [x.strip() for x in args.envs.split(",") if x.strip()]
     known = {e.label: e for e in default_environments()}
     unknown = [x for x in wanted if x not in known]
     if unknown:
         parser.error(f"unknown environment(s) {unknown}; known: {list(known)}")
-    environments = [known[x] for x in wanted]
     for a, b in args.require_agreement:
         if a not in wanted or b not in wanted:
             parser.error(f"--require-agreement {a},{b} names an environment not in --envs")
@@ -1385,54 +1459,72 @@ def main(argv=None) -> int:
         parser.error(str(e))
     if any(label not in wanted for label in args.junit):
         parser.error(f"--junit names an environment not in --envs: {sorted(args.junit)}")
+    return [known[x] for x in wanted]
 
-    started = time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
-    infos, test_runs, probe_runs, precompile_runs = {}, {}, {}, {}
 
-    def run_environment(environment: Environment) -> None:
-        label = environment.label
-        infos[label] = info = describe_environment(environment)
-        say(f"[{label}] {info.get('torch', info['status'] + ': ' + info.get('detail', ''))}")
-        if info["status"] != "ok":
-            return
-        if args.tests:
-            if label in args.junit:
-                test_runs[label] = read_junit_run(args.junit[label])
-            elif args.reuse:
-                test_runs[label] = reuse_pytest(environment, args.out)
-            else:
-                test_runs[label] = run_pytest(
-                    environment, args.out, args.pytest_timeout, args.pytest_args
-                )
-            run = test_runs[label]
-            say(f"[{label}] pytest: {run.get('summary') or run['status']} ({run.get('seconds', '?')} s)")
-        if args.probes and environment.probes:
-            if args.reuse:
-                probe_runs[label] = reuse_probes(environment, args.out)
-            else:
-                probe_runs[label] = run_probes(environment, args.out, args.probe_timeout)
-            run = probe_runs[label]
-            say(f"[{label}] probes: {run['status']} ({run.get('wall_seconds', '?')} s) {run.get('detail', '')}")
-            precompile_runs[label] = run_precompile_probes(
-                environment, args.out, args.probe_timeout, args.reuse
-            )
-            run = precompile_runs[label]
-            say(f"[{label}] precompile probes: {run['status']} ({run.get('seconds', '?')} s) {run.get('detail', '')}")
+@dataclasses.dataclass
+class EnvironmentRuns:
+    """What running the environments produced, each by environment label."""
 
+    infos: dict = dataclasses.field(default_factory=dict)
+    tests: dict = dataclasses.field(default_factory=dict)
+    probes: dict = dataclasses.field(default_factory=dict)
+    precompile: dict = dataclasses.field(default_factory=dict)
+
+
+def run_environment_tests(args, environment: Environment, runs: EnvironmentRuns) -> None:
+    label = environment.label
+    if label in args.junit:
+        runs.tests[label] = read_junit_run(args.junit[label])
+    elif args.reuse:
+        runs.tests[label] = reuse_pytest(environment, args.out)
+    else:
+        runs.tests[label] = run_pytest(environment, args.out, args.pytest_timeout, args.pytest_args)
+    run = runs.tests[label]
+    say(f"[{label}] pytest: {run.get('summary') or run['status']} ({run.get('seconds', '?')} s)")
+
+
+def run_environment_probes(args, environment: Environment, runs: EnvironmentRuns) -> None:
+    label = environment.label
+    if args.reuse:
+        runs.probes[label] = reuse_probes(environment, args.out)
+    else:
+        runs.probes[label] = run_probes(environment, args.out, args.probe_timeout)
+    run = runs.probes[label]
+    say(f"[{label}] probes: {run['status']} ({run.get('wall_seconds', '?')} s) {run.get('detail', '')}")
+    runs.precompile[label] = run_precompile_probes(
+        environment, args.out, args.probe_timeout, args.reuse
+    )
+    run = runs.precompile[label]
+    say(f"[{label}] precompile probes: {run['status']} ({run.get('seconds', '?')} s) {run.get('detail', '')}")
+
+
+def run_environment(args, environment: Environment, runs: EnvironmentRuns) -> None:
+    label = environment.label
+    runs.infos[label] = info = describe_environment(environment)
+    say(f"[{label}] {info.get('torch', info['status'] + ': ' + info.get('detail', ''))}")
+    if info["status"] != "ok":
+        return
+    if args.tests:
+        run_environment_tests(args, environment, runs)
+    if args.probes and environment.probes:
+        run_environment_probes(args, environment, runs)
+
+
+def run_environments(args, environments: list[Environment]) -> EnvironmentRuns:
+    runs = EnvironmentRuns()
     # The environments are independent processes: run the slowest suites first and
     # up to --jobs of them at once.
     by_cost = sorted(environments, key=lambda e: SLOWEST_FIRST.index(e.label))
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for future in [pool.submit(run_environment, e) for e in by_cost]:
+        for future in [pool.submit(run_environment, args, e, runs) for e in by_cost]:
             future.result()
+    return runs
 
-    report = build_report(args, environments, infos, test_runs, probe_runs, started)
-    add_precompile_report(report, args, precompile_runs)
-    (args.out / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    (args.out / "report.md").write_text(render_markdown(report))
-    print(f"report: {args.out / 'report.md'} ({report['seconds']} s)")
 
+def exit_status(args, report: dict) -> int:
+    """Print the disagreements and UNEXPECTED differences; 1 where --require-agreement
+    or --fail-on-unexpected asks to fail on them."""
     status = 0
     for entry in report["agreement"]:
         if entry["required"] and not entry["agree"]:
@@ -1457,6 +1549,25 @@ def main(argv=None) -> int:
         status = 1
     return status
 
+
+def main(argv=None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    environments = selected_environments(parser, args)
+
+    started = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = run_environments(args, environments)
+    report = build_report(args, environments, runs.infos, runs.tests, runs.probes, started)
+    add_precompile_report(report, args, runs.precompile)
+    (args.out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    (args.out / "report.md").write_text(render_markdown(report))
+    print(f"report: {args.out / 'report.md'} ({report['seconds']} s)")
+    return exit_status(args, report)
 
 if __name__ == "__main__":
     sys.exit(main())
