@@ -417,7 +417,7 @@ def summarize(values: list[float]) -> dict:
     return {"min": min(values), "median": statistics.median(values), "runs": values}
 
 
-def main(argv=None) -> int:
+def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--models", default="mlp,transformer,convnet")
@@ -444,22 +444,72 @@ def main(argv=None) -> int:
         help="measure only the model zoo row (benchmarks/zoo_models.py), into "
         "benchmarks/results/load_time_zoo.{md,json}",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def measure_model(model: str, configs: list, runs: int, workdir: Path, primed: dict) -> dict:
+    """Every configuration's seconds on ``model`` over ``runs`` rounds, with its
+    ratios to eager and to the cold compile of the same round."""
+    per_run: dict[str, list[float]] = {c[0]: [] for c in configs}
+    for run in range(runs):
+        for config in configs:
+            seconds = measure_config(config, model, workdir, primed)
+            per_run[config[0]].append(seconds)
+            log.info("%s %s run %d: %.2fs", model, config[0], run, seconds)
+            print(f"{model:12s} {config[0]:42s} run {run}: {seconds:6.2f} s", flush=True)
+    eager = per_run["eager"]
+    cold = per_run[COLD]
+    return {
+        label: {
+            **summarize(values),
+            # Ratios within the same run, then min/median over runs.
+            "vs_eager": summarize([v / e for v, e in zip(values, eager)]),
+            "vs_cold": summarize([v / c for v, c in zip(values, cold)]),
+        }
+        for label, values in per_run.items()
+    }
+
+
+def measure_everything(args, report: dict, configs: list, workdir: Path) -> None:
+    """The models' tables, the phase breakdown, many packages and the steady state,
+    into ``report``."""
+    primed: dict = {}
+    for model in args.models.split(","):
+        report["models"][model] = measure_model(model, configs, args.runs, workdir, primed)
+    report["phases"] = {
+        model: phase_breakdown(model, workdir, args.runs)
+        for model in ["mlp"] + [f"blocks{n}" for n in filter(None, args.growth_blocks.split(","))]
+    }
+    for model, phases in report["phases"].items():
+        print(model, json.dumps(phases), flush=True)
+    report["many_packages"] = many_packages(workdir, args.runs)
+    print("many packages", json.dumps(report["many_packages"]), flush=True)
+    report["steady_state_mlp_us"] = steady_state(workdir, args.runs)
+
+
+def remeasure_steady_state(out: Path, runs: int) -> int:
+    """--steady-state-only: the steady state again, into the report ``out`` holds."""
+    workdir = Path(tempfile.mkdtemp(prefix="load-time-"))
+    report = json.loads(out.with_suffix(".json").read_text())
+    try:
+        report["steady_state_mlp_us"] = steady_state(workdir, runs)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return write_report(report, out)
+
+
+def main(argv=None) -> int:
+    args = make_parser().parse_args(argv)
     if args.zoo:
         return zoo_load_times(args.runs)
     out = Path(args.out)
-    workdir = Path(tempfile.mkdtemp(prefix="load-time-"))
     if args.steady_state_only:
-        report = json.loads(out.with_suffix(".json").read_text())
-        try:
-            report["steady_state_mlp_us"] = steady_state(workdir, args.runs)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        return write_report(report, out)
+        return remeasure_steady_state(out, args.runs)
     configs = [c for c in CONFIGS if c[1] == "overlay" or UPSTREAM_PY.exists()]
     if args.configs:
         wanted = set(args.configs.split(",")) | {"eager", "compile"}
         configs = [c for c in configs if config_id(c) in wanted]
+    workdir = Path(tempfile.mkdtemp(prefix="load-time-"))
     import_time(True)  # materialises the overlay for this series, not timed
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
@@ -470,36 +520,8 @@ def main(argv=None) -> int:
         },
         "models": {},
     }
-    primed: dict = {}
     try:
-        for model in args.models.split(","):
-            per_run: dict[str, list[float]] = {c[0]: [] for c in configs}
-            for run in range(args.runs):
-                for config in configs:
-                    seconds = measure_config(config, model, workdir, primed)
-                    per_run[config[0]].append(seconds)
-                    log.info("%s %s run %d: %.2fs", model, config[0], run, seconds)
-                    print(f"{model:12s} {config[0]:42s} run {run}: {seconds:6.2f} s", flush=True)
-            eager = per_run["eager"]
-            cold = per_run[COLD]
-            report["models"][model] = {
-                label: {
-                    **summarize(values),
-                    # Ratios within the same run, then min/median over runs.
-                    "vs_eager": summarize([v / e for v, e in zip(values, eager)]),
-                    "vs_cold": summarize([v / c for v, c in zip(values, cold)]),
-                }
-                for label, values in per_run.items()
-            }
-        report["phases"] = {
-            model: phase_breakdown(model, workdir, args.runs)
-            for model in ["mlp"] + [f"blocks{n}" for n in filter(None, args.growth_blocks.split(","))]
-        }
-        for model, phases in report["phases"].items():
-            print(model, json.dumps(phases), flush=True)
-        report["many_packages"] = many_packages(workdir, args.runs)
-        print("many packages", json.dumps(report["many_packages"]), flush=True)
-        report["steady_state_mlp_us"] = steady_state(workdir, args.runs)
+        measure_everything(args, report, configs, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return write_report(report, out)
@@ -513,6 +535,89 @@ def write_report(report: dict, out: Path) -> int:
     return 0
 
 
+def render_model(model: str, rows: dict) -> list[str]:
+    """One model's table of configurations, then how much faster our empty-cache
+    loads are than upstream's (when upstream was measured)."""
+    lines = [
+        f"### {model}",
+        "",
+        "| configuration | seconds (min / median) | × eager | × cold compile |",
+        "|---|---|---|---|",
+    ]
+    for label, r in rows.items():
+        lines.append(
+            f"| {label} | {r['min']:.2f} / {r['median']:.2f} | "
+            f"{r['vs_eager']['median']:.2f} | {r['vs_cold']['median']:.2f} |"
+        )
+    lines.append("")
+    upstream = rows.get("upstream 2.13 aot load, empty cache")
+    if upstream:
+        for label in ("package load, empty cache (ours)", "aot_compile load, empty cache (ours)"):
+            if label in rows:
+                lines.append(
+                    f"{label.split(',')[0]}: {upstream['median'] / rows[label]['median']:.1f}× "
+                    "faster than upstream 2.13's empty-cache aot load (medians)."
+                )
+        lines.append("")
+    return lines
+
+
+def render_phases(phases: dict) -> list[str]:
+    """The phase breakdown table, one column per model (NOTE: [Phases of a load])."""
+    models = list(phases)
+    lines = [
+        "Phases of a package load, empty inductor cache (NOTE: [Phases of a load] in "
+        "benchmarks/load_time.py), median seconds; blocksN is a stack of N transformer blocks:",
+        "",
+        "| phase | " + " | ".join(models) + " |",
+        "|---|" + "---|" * len(models),
+    ]
+    for key, label in (("entries", "entries"), ("kernels", "kernel binaries"), ("package_mb", "package MB")):
+        lines.append(f"| {label} | " + " | ".join(f"{phases[m][key]:.3g}" for m in models) + " |")
+    for phase in phases[models[0]]["phases_s"]:
+        lines.append(
+            f"| {phase} | "
+            + " | ".join(f"{phases[m]['phases_s'][phase]:.3f}" for m in models)
+            + " |"
+        )
+    lines.append("")
+    return lines
+
+
+def render_many_packages(many: dict) -> list[str]:
+    one, twenty = many["1"]["median"], many["20"]["median"]
+    return [
+        f"Packages loaded in one process (20 small functions, one package each; load + first "
+        f"call of each, fresh process, median): 1 package {one:.2f} s, 20 packages "
+        f"{twenty:.2f} s, {(twenty - one) / 19 * 1000:.0f} ms per further package "
+        f"(eager MLP process {many['eager_mlp']['median']:.2f} s).",
+        "",
+    ]
+
+
+def render_steady_state(steady: dict) -> list[str]:
+    """µs per call of the seed MLP: eager, compiled and loaded, under each stance."""
+
+    def us(key):
+        return f"{steady[key]['min']:.1f} / {steady[key]['median']:.1f}"
+
+    lines = [
+        "",
+        "Steady state, seed MLP, batch 2, no_grad, µs per call (min / median of "
+        "fresh processes; compiled and loaded compared under the same stance):",
+        "",
+        "| stance | eager | torch.compile | loaded from a package | loaded / compiled (median) |",
+        "|---|---|---|---|---|",
+    ]
+    for stance, suffix in (("default", ""), ("fail_on_recompile", "_fail_on_recompile")):
+        ratio = steady[f"loaded{suffix}_us"]["median"] / steady[f"compiled{suffix}_us"]["median"]
+        lines.append(
+            f"| {stance} | {us('eager_us') if not suffix else '—'} | "
+            f"{us(f'compiled{suffix}_us')} | {us(f'loaded{suffix}_us')} | {ratio:.2f} |"
+        )
+    return lines
+
+
 def render(report: dict) -> str:
     lines = [
         f"Machine: {report['machine']}; {report['runs']} fresh processes per figure; "
@@ -521,80 +626,18 @@ def render(report: dict) -> str:
         "",
     ]
     for model, rows in report["models"].items():
-        lines += [
-            f"### {model}",
-            "",
-            "| configuration | seconds (min / median) | × eager | × cold compile |",
-            "|---|---|---|---|",
-        ]
-        for label, r in rows.items():
-            lines.append(
-                f"| {label} | {r['min']:.2f} / {r['median']:.2f} | "
-                f"{r['vs_eager']['median']:.2f} | {r['vs_cold']['median']:.2f} |"
-            )
-        lines.append("")
-        upstream = rows.get("upstream 2.13 aot load, empty cache")
-        if upstream:
-            for label in ("package load, empty cache (ours)", "aot_compile load, empty cache (ours)"):
-                if label in rows:
-                    lines.append(
-                        f"{label.split(',')[0]}: {upstream['median'] / rows[label]['median']:.1f}× "
-                        "faster than upstream 2.13's empty-cache aot load (medians)."
-                    )
-            lines.append("")
-    phases = report.get("phases")
-    if phases:
-        models = list(phases)
-        lines += [
-            "Phases of a package load, empty inductor cache (NOTE: [Phases of a load] in "
-            "benchmarks/load_time.py), median seconds; blocksN is a stack of N transformer blocks:",
-            "",
-            "| phase | " + " | ".join(models) + " |",
-            "|---|" + "---|" * len(models),
-        ]
-        for key, label in (("entries", "entries"), ("kernels", "kernel binaries"), ("package_mb", "package MB")):
-            lines.append(f"| {label} | " + " | ".join(f"{phases[m][key]:.3g}" for m in models) + " |")
-        for phase in phases[models[0]]["phases_s"]:
-            lines.append(
-                f"| {phase} | "
-                + " | ".join(f"{phases[m]['phases_s'][phase]:.3f}" for m in models)
-                + " |"
-            )
-        lines.append("")
-    many = report.get("many_packages")
-    if many:
-        one, twenty = many["1"]["median"], many["20"]["median"]
-        lines += [
-            f"Packages loaded in one process (20 small functions, one package each; load + first "
-            f"call of each, fresh process, median): 1 package {one:.2f} s, 20 packages "
-            f"{twenty:.2f} s, {(twenty - one) / 19 * 1000:.0f} ms per further package "
-            f"(eager MLP process {many['eager_mlp']['median']:.2f} s).",
-            "",
-        ]
+        lines += render_model(model, rows)
+    if report.get("phases"):
+        lines += render_phases(report["phases"])
+    if report.get("many_packages"):
+        lines += render_many_packages(report["many_packages"])
     imp = report["import_torch_s"]
     lines.append(
         f"`import torch`: stock {imp['stock']['median']:.2f} s, with the overlay "
         f"active {imp['overlay']['median']:.2f} s (median)."
     )
-    steady = report.get("steady_state_mlp_us")
-    if steady:
-        def us(key):
-            return f"{steady[key]['min']:.1f} / {steady[key]['median']:.1f}"
-
-        lines += [
-            "",
-            "Steady state, seed MLP, batch 2, no_grad, µs per call (min / median of "
-            "fresh processes; compiled and loaded compared under the same stance):",
-            "",
-            "| stance | eager | torch.compile | loaded from a package | loaded / compiled (median) |",
-            "|---|---|---|---|---|",
-        ]
-        for stance, suffix in (("default", ""), ("fail_on_recompile", "_fail_on_recompile")):
-            ratio = steady[f"loaded{suffix}_us"]["median"] / steady[f"compiled{suffix}_us"]["median"]
-            lines.append(
-                f"| {stance} | {us('eager_us') if not suffix else '—'} | "
-                f"{us(f'compiled{suffix}_us')} | {us(f'loaded{suffix}_us')} | {ratio:.2f} |"
-            )
+    if report.get("steady_state_mlp_us"):
+        lines += render_steady_state(report["steady_state_mlp_us"])
     return "\n".join(lines) + "\n"
 
 
