@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import enum
 import functools
-import inspect
 import math
 import os
 import pickle
@@ -30,28 +29,22 @@ import unittest.mock
 
 import torch
 import torch._dynamo
-import torch._dynamo.convert_frame as convert_frame
 import torch._dynamo.test_case
 import torch.autograd.forward_ad as fwAD
 import torch.utils._pytree as pytree
-from torch._dynamo.bytecode_transformation import transform_code_object
-from torch._dynamo.exc import PackageError, RestartAnalysis, SpeculationRestartAnalysis
+from torch._dynamo.exc import PackageError
 from torch._dynamo.guard_serialization import LocalScopeTypeError
 from torch._dynamo.guards import CheckFunctionManager, GuardBuilder
 from torch._dynamo.source import AttrSource, GlobalStateSource, LocalSource
-from torch._dynamo.symbolic_convert import (
-    ExceptionStack,
-    InstructionTranslator,
-    SpeculationLog,
-)
-from torch._dynamo.utils import dynamo_timed, get_metrics_context
-from torch._guards import compile_context, CompileContext, CompileId, Guard, tracing
+from torch._guards import Guard
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
 )
 from torch.testing._internal.custom_tensor import ConstantExtraMetadataTensor
 from torch.testing._internal.two_tensor import TwoTensor
+
+from frame_tracing import frame_of, trace_frame
 
 
 # Module-level objects the example functions use: stable names across processes.
@@ -250,23 +243,14 @@ def build_check_fn_manager(
     guard_filter_fn=None,
     backend=None,
 ):
-    """Trace ``fn(*args)`` with InstructionTranslator; build its guard manager.
+    """Trace ``fn(*args)`` with InstructionTranslator as a compile would
+    (frame_tracing.trace_frame); build its guard manager.
 
     The frame is made from the arguments without running ``fn``, so inputs that
-    calling would consume (iterators) are guarded as given.
+    calling would consume (iterators) are guarded as given. ``extra_guards``,
+    (source, GuardBuilder method) pairs, are added to the traced graph's guards.
     """
-    bound = inspect.signature(fn).bind(*args, **(kwargs or {}))
-    bound.apply_defaults()
-    code = fn.__code__
-    f_locals = dict(bound.arguments)
-    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
-        f_locals[name] = cell.cell_contents
-    f_globals = fn.__globals__
-    f_builtins = f_globals["__builtins__"]
-    if isinstance(f_builtins, types.ModuleType):
-        f_builtins = vars(f_builtins)
-    out = {}
-    speculation_log = SpeculationLog()
+    frame = frame_of(fn, args, kwargs)
 
     def keep_guard_types(entries):
         return [e.guard_type in guard_types for e in entries]
@@ -274,53 +258,19 @@ def build_check_fn_manager(
     if guard_filter_fn is None and guard_types:
         guard_filter_fn = keep_guard_types
 
-    def transform(instructions, code_options):
-        tracer = InstructionTranslator(
-            instructions,
+    def build(code, output_graph):
+        for source, create_fn in extra_guards:
+            output_graph.guards.add(Guard(source, create_fn))
+        return CheckFunctionManager(
             code,
-            f_locals,
-            f_globals,
-            f_builtins,
-            getattr(fn, "__closure__", None) or (),
-            torch.overrides._get_current_function_mode_stack(),
-            code_options,
-            backend or (lambda gm, example_inputs: gm.forward),
-            one_graph=False,
-            export=False,
-            export_constraints=None,
-            frame_state=None,
-            speculation_log=speculation_log,
-            exn_vt_stack=ExceptionStack(),
-            distributed_state=None,
+            output_graph,
+            guard_filter_fn=guard_filter_fn,
+            guards_serialization_mode=mode,
+            save_guards=save_guards,
         )
-        convert_frame.initial_global_state = convert_frame.GlobalStateGuard()
-        try:
-            with compile_context(CompileContext(CompileId(0, 0))), tracing(
-                tracer.output.tracing_context
-            ), tracer.set_current_tx(), get_metrics_context(), dynamo_timed(""):
-                tracer.run()
-                for source, create_fn in extra_guards:
-                    tracer.output.guards.add(Guard(source, create_fn))
-                out["ref"] = CheckFunctionManager(
-                    code,
-                    tracer.output,
-                    guard_filter_fn=guard_filter_fn,
-                    guards_serialization_mode=mode,
-                    save_guards=save_guards,
-                )
-        finally:
-            convert_frame.initial_global_state = None
 
-    # Dynamo's own retry loop: a speculation that failed replays with its log.
-    for _ in range(100):
-        try:
-            transform_code_object(code, transform)
-            break
-        except SpeculationRestartAnalysis:
-            speculation_log.restart()
-        except RestartAnalysis:
-            speculation_log.clear()
-    return Built(code, out["ref"], f_locals)
+    ref = trace_frame(frame, build=build, backend=backend)
+    return Built(frame.code, ref, frame.f_locals)
 
 
 def save_and_load_in_fresh_processes(test, save_body: str, load_body: str) -> str:
