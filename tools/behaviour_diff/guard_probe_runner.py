@@ -37,17 +37,12 @@ A probe's ``keep_guard`` predicate narrows the guards further in both modes
 (what a user would pass as guard_filter_fn, e.g. to leave out TYPE_MATCH on a
 class defined in local scope).
 
-# NOTE: [Probe harness and compile state]
-# A compile sets up more than the tracer: the metrics and compile contexts,
-# ``convert_frame.initial_global_state`` (read by 2.13's OutputGraph when it is
-# created and by 2.7.1's compile_check_fn), the tracing context, and
-# ``preserve_global_state`` (torch function modes popped while tracing, grad mode
-# and RNG restored after it). The runner sets exactly those, as convert_frame
-# does: tracing inside the tracing context and preserve_global_state, guards
-# built after both, inside the compile and metrics contexts; and it restarts a
-# trace the way convert_frame does.
-# Loading is done outside all of them (and outside the probe's compile
-# context), as a program loading precompiled code would.
+Tracing is test/dynamo/frame_tracing.py's, the harness the guard serialization
+tests build their guard managers with (NOTE: [Tracing a frame as convert_frame
+does] there): the probe is traced as convert_frame traces a frame, and the
+managers are built where convert_frame builds them. Loading is done outside all
+of that (and outside the probe's compile context), as a program loading
+precompiled code would.
 """
 
 from __future__ import annotations
@@ -71,6 +66,8 @@ from typing import Any, Optional
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
+# test/dynamo, home of frame_tracing.py (the tracing harness shared with the tests).
+TEST_DYNAMO = HERE.parents[1] / "test" / "dynamo"
 
 # The guard types 2.13's CheckFunctionManager refuses to serialize
 # (CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES there), plus the
@@ -128,17 +125,11 @@ class TorchApi:
     def __init__(self) -> None:
         import torch
         import torch._dynamo
-        import torch._dynamo.convert_frame as convert_frame
         from torch._dynamo.guards import CheckFunctionManager
-        from torch._dynamo.symbolic_convert import InstructionTranslator
 
         self.torch = torch
-        self.convert_frame = convert_frame
         self.CheckFunctionManager = CheckFunctionManager
-        self.InstructionTranslator = InstructionTranslator
         cfm_params = inspect.signature(CheckFunctionManager.__init__).parameters
-        tracer_params = inspect.signature(InstructionTranslator.__init__).parameters
-        self.tracer_takes_package = "package" in tracer_params
         if "guards_serialization_mode" in cfm_params:
             self.api = "guards_serialization_mode"
         elif "save_guards" in cfm_params:
@@ -162,95 +153,22 @@ class TorchApi:
     # -- tracing --------------------------------------------------------------
 
     def trace(self, fn, call_args, build):
-        """Trace ``fn`` on ``call_args`` and return ``build(code, output_graph)``."""
-        from torch._dynamo.symbolic_convert import SpeculationLog
+        """Trace ``fn`` on ``call_args`` and return ``build(code, output_graph)``;
+        TraceError when the trace itself fails (an error of ``build`` propagates)."""
+        frame_tracing = import_frame_tracing()
+        built = []
 
-        frame = capture_frame(fn, call_args)
-        code = fn.__code__
-        # Taken before tracing: Dynamo pops the modes while it traces.
-        mode_stack = self.torch.overrides._get_current_function_mode_stack()
-        speculation_log = SpeculationLog()
-        # What convert_frame does: a speculation that went wrong restarts the
-        # trace from the recorded log; any other restart starts it afresh.
-        for _attempt in range(20):
-            result = self._trace_once(fn, frame, code, mode_stack, speculation_log, build)
-            error = result.get("trace_error")
-            if error is None:
-                return result["value"]
-            if type(error).__name__ == "SpeculationRestartAnalysis":
-                speculation_log.restart()
-            elif type(error).__name__ == "RestartAnalysis":
-                speculation_log.clear()
-            else:
-                raise TraceError(error)
-        raise TraceError(RuntimeError("the trace restarted 20 times"))
+        def build_after_trace(code, output_graph):
+            built.append(True)
+            return build(code, output_graph)
 
-    def _trace_once(self, fn, frame, code, mode_stack, speculation_log, build) -> dict:
-        torch = self.torch
-        from torch._dynamo.bytecode_transformation import transform_code_object
-        from torch._dynamo.symbolic_convert import ExceptionStack
-        from torch._dynamo.utils import dynamo_timed, get_metrics_context
-        from torch._guards import CompileContext, CompileId, compile_context, tracing
-
-        result: dict[str, Any] = {}
-
-        def transform(instructions, code_options):
-            kwargs = dict(
-                one_graph=False,
-                export=False,
-                export_constraints=None,
-                frame_state=None,
-                speculation_log=speculation_log,
-                exn_vt_stack=ExceptionStack(),
-                distributed_state=None,
-            )
-            if self.tracer_takes_package:
-                kwargs["package"] = None
-            tracer = self.InstructionTranslator(
-                instructions,
-                code,
-                frame["locals"],
-                frame["globals"],
-                frame["builtins"],
-                fn.__closure__ or (),
-                mode_stack,
-                code_options,
-                # The eager backend (gm.forward): Dynamo traces frames that run
-                # inside vmap / grad / jvp only for this very function.
-                torch._dynamo.lookup_backend("eager"),
-                **kwargs,
-            )
-            with tracing(tracer.output.tracing_context), tracer.set_current_tx():
-                try:
-                    tracer.run()
-                except Exception as e:
-                    result["trace_error"] = e
-                    return None
-            result["output"] = tracer.output
-            return None
-
-        previous = self.convert_frame.initial_global_state
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(
-                compile_context(CompileContext(CompileId(frame_id=0, frame_compile_id=0)))
-            )
-            stack.enter_context(get_metrics_context())
-            stack.enter_context(dynamo_timed("guard_probe"))
-            self.convert_frame.initial_global_state = (
-                torch._C._dynamo.guards.GlobalStateGuard()
-            )
-            try:
-                # As convert_frame: grad mode, RNG, the torch function mode stack...
-                # are restored after tracing, whatever the traced code did to them;
-                # the guards are built after that, as convert_frame builds them.
-                self.convert_frame.preserve_global_state(transform_code_object)(
-                    code, transform
-                )
-                if "output" in result:
-                    result["value"] = build(code, result["output"])
-            finally:
-                self.convert_frame.initial_global_state = previous
-        return result
+        frame = frame_tracing.frame_of(fn, call_args.args, call_args.kwargs)
+        try:
+            return frame_tracing.trace_frame(frame, build=build_after_trace)
+        except Exception as e:
+            if built:
+                raise
+            raise TraceError(e) from e
 
     # -- building -----------------------------------------------------------------
 
@@ -340,35 +258,13 @@ class TraceError(Exception):
     pass
 
 
-class _FrameCaptured(Exception):
-    pass
+def import_frame_tracing():
+    """test/dynamo/frame_tracing.py, imported inside the environment under test."""
+    if str(TEST_DYNAMO) not in sys.path:
+        sys.path.insert(0, str(TEST_DYNAMO))
+    import frame_tracing
 
-
-def capture_frame(fn, call_args) -> dict:
-    """The frame ``fn`` gets for ``call_args`` (locals with defaults applied),
-    captured at the call event and abandoned before the body runs."""
-    code = fn.__code__
-    box: dict[str, Any] = {}
-
-    def tracefunc(frame, event, arg):
-        if event == "call" and frame.f_code is code:
-            box["locals"] = dict(frame.f_locals)
-            box["globals"] = frame.f_globals
-            box["builtins"] = frame.f_builtins
-            raise _FrameCaptured
-        return None
-
-    previous = sys.gettrace()
-    sys.settrace(tracefunc)
-    try:
-        fn(*call_args.args, **call_args.kwargs)
-    except _FrameCaptured:
-        pass
-    finally:
-        sys.settrace(previous)
-    if "locals" not in box:
-        raise RuntimeError(f"{fn.__qualname__} did not start a frame")
-    return box
+    return frame_tracing
 
 
 # ---------------------------------------------------------------------------
@@ -445,8 +341,9 @@ def battery_frames(probe) -> list[tuple[Any, Optional[dict], Optional[str]]]:
     out = []
     for call in (probe.example, *probe.battery):
         try:
-            frame = capture_frame(probe.fn, call.make())
-            out.append((call, frame["locals"], None))
+            call_args = call.make()
+            frame = import_frame_tracing().frame_of(probe.fn, call_args.args, call_args.kwargs)
+            out.append((call, frame.f_locals, None))
         except Exception as e:
             out.append((call, None, f"{type(e).__qualname__}: {first_line(str(e))}"))
     return out
