@@ -17,7 +17,7 @@ DIFF_ARGS ?=
 
 
 .PHONY: agree-overlay-wheel
-.PHONY: venv ext lint test test-overlay test-wheel wheel wheel-venv export export-check export-check-imports status edit refresh clean demo bench-guards bench-load
+.PHONY: venv ext lint test test-overlay test-wheel wheel wheel-venv export export-check export-check-imports status edit refresh clean demo bench-guards bench-load bench-signing fuzz
 
 # The C++ extension (torch_overlay/csrc/ and the compat layer's glue, see setup.py),
 # built in place in the compat layer: torch_overlay/compat/_functorch/ holds the
@@ -210,6 +210,19 @@ bench-guards: venv
 
 bench-load: venv upstream-venv
 	$(PY) benchmarks/load_time.py
+
+# Signing cost of compile packages (benchmarks/package_signing.py): save and load
+# with and without a signature, fresh processes.
+bench-signing: venv
+	TORCH_OVERLAY=1 $(PY) benchmarks/package_signing.py
+
+# A longer fuzz campaign of compile packages and aot_compile archives than the
+# suite's (test/dynamo/test_package_fuzz.py): FUZZ_CASES mutations per mode
+# (unsigned, signatures required), seed FUZZ_SEED.
+FUZZ_CASES ?= 2000
+FUZZ_SEED ?= 1515
+fuzz: venv
+	FUZZ_CASES=$(FUZZ_CASES) FUZZ_SEED=$(FUZZ_SEED) TORCH_OVERLAY=1 $(PY) -m pytest test/dynamo/test_package_fuzz.py -q -s
 
 status: venv
 	$(PY) -m torch_overlay status

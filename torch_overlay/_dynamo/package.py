@@ -510,9 +510,6 @@ def _with_frozen_parameter_filter(hooks, backend: Optional[RecordingBackend]):
     frozen graphs folded (NOTE: [Parameters of frozen packages])."""
     if hooks is None or backend is None or backend.kind != "inductor":
         return hooks
-    if not _freezing_parameters():
-        # Dynamo folds (and guards by identity) no parameter in this frame.
-        return hooks
     user_filter = getattr(hooks, "guard_filter_fn", None)
     first = len(backend.frozen_records)
 
@@ -739,6 +736,24 @@ def _check_guards_state(entry: _Entry, code: types.CodeType, what: str) -> None:
             raise PackageError(f"{what}: its guards state field {field.name} is a {type(value).__name__}")
     if output_graph.code_name != code.co_name:
         raise PackageError(f"{what}: its guards were saved for {output_graph.code_name[:80]!r}, not {code.co_name!r}")
+
+
+def _check_entry_module(entry: _Entry, module: Optional[types.ModuleType], code: types.CodeType) -> None:
+    """The module an entry runs in is its function's: the one its key names, the
+    inline wrapper's, or (a resume function) the one whose file the code is from."""
+    kind, key_module = entry.code_key[0], entry.code_key[1]
+    expected = {"function": key_module, "inline_wrapper": "torch._dynamo.external_utils"}.get(kind)
+    module_file = getattr(module, "__file__", None)
+    if (expected is not None and entry.global_module != expected) or (
+        kind == "resume"
+        and isinstance(module_file, str)
+        and os.path.isabs(code.co_filename)
+        and os.path.realpath(module_file) != os.path.realpath(code.co_filename)
+    ):
+        raise PackageError(
+            f"the entry of {_describe_key(entry.code_key)} runs in module "
+            f"{entry.global_module[:100]!r}, which is not its function's"
+        )
 
 
 def _named_module(name: str, entry: _Entry) -> types.ModuleType:
@@ -1230,6 +1245,7 @@ class CompilePackage:
                     raise PackageError(f"{what}: global {name} is not the resume function it names")
                 codes[name] = code
         _check_guards_state(entry, codes[""], what)
+        _check_entry_module(entry, sys.modules.get(entry.global_module), codes[""])
         return codes
 
     def _modules_named_by_live_function(self) -> Optional[set]:

@@ -704,6 +704,11 @@ class _KernelRedirect:
 
         def load_pybinding_async(klass, argtypes, source_code, *args, **kwargs):
             path = paths.get(kernel_hash(argtypes, source_code))
+            if path is None and klass is not cls:
+                # cpp_wrapper: the graph's C++ wrapper module (CppWrapperCodeCache)
+                # is built again at load, as documented; kernels never are.
+                log.info("package: building a cpp_wrapper graph's C++ wrapper module")
+                return original.__func__(klass, argtypes, source_code, *args, **kwargs)
             if path is None:
                 # A packaged graph only runs the kernels its package verified
                 # (deserialize_graph checks the list at load); never gcc.
@@ -870,7 +875,8 @@ def deserialize_graph(blob: bytes, redirect: _KernelRedirect, name: str):
     if blob[:2] == b"PK":  # torch.save zip: an Inductor graph
         payload = load_inductor_payload(blob, f"graph {name}")
         _check_packaged_kernels(payload, redirect, name)
-        return _PackagedInductorGraph(payload, redirect, name)
+        _check_aot_config(payload["aot_config"], name)
+        return _CheckedInductorGraph(payload, redirect, name)
     payload = load_graph_pickle(blob, f"graph {name}")
     backend = payload.get("backend") if isinstance(payload, dict) else None
     if not isinstance(backend, str):
@@ -883,6 +889,39 @@ def deserialize_graph(blob: bytes, redirect: _KernelRedirect, name: str):
     if backend == "eager":
         return gm.forward
     return _PackagedAOTEagerGraph(gm)
+
+
+class _CheckedInductorGraph(_PackagedInductorGraph):
+    """A packaged Inductor graph whose rebuilding on its first call reports any
+    failure as a PackageError naming the graph (a damaged artifact that passed
+    the checks at load, e.g. a wrapper's metadata with wrong values)."""
+
+    def _hydrate(self, full_args):
+        try:
+            return super()._hydrate(full_args)
+        except PackageError:
+            raise
+        except Exception as e:
+            raise PackageError(
+                f"packaged graph {self.name} cannot be rebuilt from its package: {e!r}"[:600]
+            ) from e
+
+
+def _check_aot_config(fields: dict, name: str) -> None:
+    """The recorded AOTConfig fields are exactly those _aot_config_fields saves."""
+    expected = {
+        "num_params_buffers": int,
+        "keep_inference_input_mutations": bool,
+        "is_export": bool,
+        "no_tangents": bool,
+        "dynamic_shapes": bool,
+        "static_input_indices": (list, type(None)),
+        "pre_dispatch": bool,
+    }
+    if set(fields) != set(expected) or not all(
+        isinstance(fields[k], t) for k, t in expected.items()
+    ):
+        raise PackageError(f"packaged graph {name}: its AOTConfig fields are malformed")
 
 
 def _check_packaged_kernels(payload: dict, redirect: _KernelRedirect, name: str) -> None:

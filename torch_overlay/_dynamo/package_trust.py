@@ -758,6 +758,28 @@ def load_graph_pickle(data: bytes, where) -> Any:
         raise PackageError(f"package {where}: damaged pickle: {e!r}"[:400]) from e
 
 
+def check_dataclasses_complete(obj: Any, where, depth: int = 0) -> None:
+    """Every dataclass instance in ``obj`` (AOTAutograd's entry and metadata) has
+    all of its fields: a damaged pickle that set other attribute names is a
+    PackageError here, not an AttributeError on the first call."""
+    if depth > 12:
+        return
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        state = getattr(obj, "__dict__", None)
+        for field in dataclasses.fields(obj):
+            if state is not None and field.name not in state and not hasattr(type(obj), field.name):
+                raise PackageError(
+                    f"package {where}: {type(obj).__name__} has no field {field.name} (damaged)"
+                )
+            check_dataclasses_complete(getattr(obj, field.name, None), where, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj[:1000]:
+            check_dataclasses_complete(item, where, depth + 1)
+    elif isinstance(obj, dict):
+        for item in list(obj.values())[:1000]:
+            check_dataclasses_complete(item, where, depth + 1)
+
+
 class _GraphPickleModule:
     """torch.load's ``pickle_module``: its unpickler is :class:`GraphUnpickler`."""
 
@@ -788,7 +810,7 @@ def load_inductor_payload(blob: bytes, where) -> dict:
             raise PackageError(f"package {where}: Inductor artifact field {field!r} is malformed")
     for field in ("entry", "fw_graph", "bw_graph"):
         if payload[field] is not None:
-            load_graph_pickle(payload[field], f"{where} ({field})")
+            check_dataclasses_complete(load_graph_pickle(payload[field], f"{where} ({field})"), f"{where} ({field})")
     for name, kernel in payload["extern_kernels"].items():
         if not (
             isinstance(name, str)

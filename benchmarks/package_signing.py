@@ -1,0 +1,157 @@
+"""What signing costs a compile package: save and load with and without an
+Ed25519 signature (torch/_dynamo/package_trust.py), in fresh processes.
+
+Each run is a fresh interpreter (TORCH_OVERLAY=1 where the overlay is used)
+that compiles a small MLP, then times ``save_package()`` (eager backend: the
+cheapest save, so signing weighs most), and one that times ``load_package()``
+plus the first call and the whole process, for an eager and an Inductor
+package, with ``package_require_signature`` on for the signed ones. Modes
+alternate run by run; the result is min and median of each, and signed /
+unsigned ratios of both (goal: <= 1.05x). Writes benchmarks/results/package_signing.md.
+
+    TORCH_OVERLAY=1 .venv/bin/python benchmarks/package_signing.py [--runs N]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+MODEL = """
+import torch
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(
+            torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)
+        )
+
+    def forward(self, x):
+        return self.layers(x)
+"""
+
+# argv: root, backend, package path, "save"|"load"
+RUN = """
+import json, sys, time
+started = time.perf_counter()
+import torch
+root, backend, path, mode = sys.argv[1:5]
+sys.path.insert(0, root)
+import signing_model
+
+torch.manual_seed(0)
+model = signing_model.MLP()
+compiled = torch.compile(model, backend=backend, package=path)
+x = torch.randn(8, 64)
+if mode == "save":
+    compiled(x)
+    t0 = time.perf_counter()
+    compiled.save_package()
+    phase = time.perf_counter() - t0
+else:
+    t0 = time.perf_counter()
+    compiled.load_package()
+    with torch.compiler.set_stance("fail_on_recompile"):
+        compiled(x)
+    phase = time.perf_counter() - t0
+print("RESULT" + json.dumps({"phase_s": phase, "process_s": time.perf_counter() - started}))
+"""
+
+
+def _keys(root: Path) -> tuple[str, str]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    private, public = root / "bench.pem", root / "bench.pub.pem"
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return str(private), str(public)
+
+
+def _run(root: Path, backend: str, path: Path, mode: str, env: dict) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN, str(root), backend, str(path), mode],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(root / f"cache-{mode}-{time.monotonic_ns()}"), **env},
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{mode} {backend} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT") :])
+
+
+def _summary(values: list[float]) -> tuple[float, float]:
+    return min(values), statistics.median(values)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "package_signing.md"))
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="package-signing-"))
+    (root / "signing_model.py").write_text(MODEL)
+    private, public = _keys(root)
+    modes = {
+        "unsigned": ({}, {}),
+        "signed": (
+            {"TORCH_COMPILE_PACKAGE_SIGNING_KEY": private},
+            {"TORCH_COMPILE_PACKAGE_TRUSTED_KEYS": public, "TORCH_COMPILE_PACKAGE_REQUIRE_SIGNATURE": "1"},
+        ),
+    }
+    # Packages to load: saved once per backend and mode.
+    for backend in ("eager", "inductor"):
+        for mode, (save_env, _) in modes.items():
+            _run(root, backend, root / f"{backend}-{mode}", "save", save_env)
+    samples: dict[tuple, list[float]] = {}
+    for run in range(args.runs):
+        for mode, (save_env, load_env) in modes.items():
+            saved = _run(root, "eager", root / f"save-{mode}-{run}", "save", save_env)
+            samples.setdefault(("save eager", "save_package()", mode), []).append(saved["phase_s"])
+            for backend in ("eager", "inductor"):
+                loaded = _run(root, backend, root / f"{backend}-{mode}", "load", load_env)
+                samples.setdefault((f"load {backend}", "load_package() + first call", mode), []).append(loaded["phase_s"])
+                samples.setdefault((f"load {backend}", "fresh process, start to first output", mode), []).append(loaded["process_s"])
+        print(f"run {run + 1}/{args.runs} done", file=sys.stderr)
+    rows = [
+        "| case | measured | unsigned min / median (s) | signed min / median (s) | signed/unsigned min | median |",
+        "|---|---|---|---|---|---|",
+    ]
+    for case, what in dict.fromkeys((c, w) for c, w, _ in samples):
+        u_min, u_med = _summary(samples[(case, what, "unsigned")])
+        s_min, s_med = _summary(samples[(case, what, "signed")])
+        rows.append(
+            f"| {case} | {what} | {u_min:.4f} / {u_med:.4f} | {s_min:.4f} / {s_med:.4f} "
+            f"| {s_min / u_min:.3f} | {s_med / u_med:.3f} |"
+        )
+    text = (
+        f"# Package signing cost\n\n{args.runs} fresh processes per cell, modes alternating; "
+        "signed loads with package_require_signature on.\n\n" + "\n".join(rows) + "\n"
+    )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
