@@ -210,6 +210,8 @@ class _StandInConverter:
         if parent_guarded and (
             type(value) in (set, frozenset, slice, range, torch.Size)
             or isinstance(value, (torch.dtype, torch.device, enum.Enum))
+            # a DTensor's spec, in its flatten context (NOTE: [DTensor stand-ins])
+            or _is_dtensor_spec_type(type(value))
         ):
             return self.convert(value, path, True)
         if id(value) in self.memo:
@@ -626,6 +628,15 @@ class _WrapperSubclassStandIn:
     ctx: Any
     ndim: int
     attrs: dict
+    # The outer size and stride, which __tensor_unflatten__ may put in the
+    # flatten context it rebuilds (DTensor's TensorMeta: NOTE: [DTensor stand-ins]).
+    size: Optional[tuple] = None
+    stride: Optional[tuple] = None
+
+
+def _static_ints(values) -> Optional[tuple]:
+    """``values`` as a tuple of ints, or None where one is symbolic."""
+    return tuple(values) if all(type(v) is int for v in values) else None
 
 
 @_register_codec
@@ -638,7 +649,9 @@ class _WrapperSubclassCodec(StandInCodec):
     def save_subclass(converter, t: Any, path: str, cls_ref: _NamedRef):
         """``t``: a traceable wrapper subclass instance."""
         inner_names, ctx = t.__tensor_flatten__()
-        stand_in = _WrapperSubclassStandIn(cls_ref, {}, None, t.dim(), {})
+        stand_in = _WrapperSubclassStandIn(
+            cls_ref, {}, None, t.dim(), {}, _static_ints(t.shape), _static_ints(t.stride())
+        )
         converter.memo[id(t)] = stand_in
         for name in inner_names:
             stand_in.inner[name] = converter.convert(getattr(t, name), f"{path}.{name}", True)
@@ -665,14 +678,172 @@ class _WrapperSubclassCodec(StandInCodec):
                 "the saved guards check, cannot be found in this process"
             )
         inner = {name: hydrator(value) for name, value in stand_in.inner.items()}
-        size = (0,) * stand_in.ndim
+        size = stand_in.size if stand_in.size is not None else (0,) * stand_in.ndim
         with torch._C._DisableFuncTorch():
-            stride = torch.empty(size, device="meta").stride()
+            stride = stand_in.stride
+            if stride is None:
+                stride = torch.empty(size, device="meta").stride()
             unflatten = cast(Any, cls).__tensor_unflatten__
             out = unflatten(inner, hydrator(stand_in.ctx), size, stride)
         for k, v in stand_in.attrs.items():
             setattr(out, k, hydrator(v))
         return out
+
+
+# NOTE: [DTensor stand-ins]
+# A DTensor's flatten context is its DTensorSpec: the device mesh, the
+# placements and the global shape, stride and dtype (TensorMeta), which
+# TENSOR_SUBCLASS_METADATA_MATCH compares with the live DTensor's
+# (DTensor.__metadata_guard__: spec equality, a mesh by value). The spec is
+# saved by value: the mesh as its device type, rank layout and dimension names;
+# each placement as its class in torch.distributed.tensor.placement_types and
+# its fields. At load the mesh is rebuilt without creating process groups (no
+# collective runs while guards load) and each dimension is re-bound to the live
+# process group of this rank over the same ranks (the default group for a mesh
+# over the whole world); a dimension with no such live group stays unbound,
+# which the guards, comparing meshes by value, do not need.
+
+
+@dataclasses.dataclass(frozen=True)
+class _DeviceMeshStandIn:
+    device_type: str
+    shape: tuple
+    ranks: tuple
+    dim_names: Optional[tuple]
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlacementStandIn:
+    kind: str
+    fields: tuple  # ((name, value), ...)
+
+
+@dataclasses.dataclass
+class _DTensorSpecStandIn:
+    mesh: _DeviceMeshStandIn
+    placements: tuple
+    # TensorMeta: None, or (shape, stride, dtype name)
+    tensor_meta: Optional[tuple]
+
+
+def _is_dtensor_spec_type(cls: type) -> bool:
+    return cls.__name__ == "DTensorSpec" and cls.__module__ == "torch.distributed.tensor._dtensor_spec"
+
+
+def _save_placement(converter, placement, path: str) -> _PlacementStandIn:
+    from torch.distributed.tensor import placement_types
+
+    kind = type(placement).__name__
+    if getattr(placement_types, kind, None) is not type(placement):
+        raise converter.refusal(
+            path,
+            f"placement {type(placement).__qualname__} is not one of "
+            "torch.distributed.tensor.placement_types",
+            ("TENSOR_MATCH", "TENSOR_SUBCLASS_METADATA_MATCH"),
+        )
+    fields = tuple(
+        (f.name, getattr(placement, f.name)) for f in dataclasses.fields(placement)
+    )
+    if not all(_is_constant(v) for _, v in fields):
+        raise converter.refusal(
+            path,
+            f"placement {placement!r:.80} holds values that are not constants",
+            ("TENSOR_MATCH", "TENSOR_SUBCLASS_METADATA_MATCH"),
+        )
+    return _PlacementStandIn(kind, fields)
+
+
+def _live_dim_group(ranks: list[int]):
+    """The live process group of this rank over exactly ``ranks``, or None."""
+    import torch.distributed.distributed_c10d as c10d
+
+    world = c10d._world
+    for group, group_ranks in world.pg_group_ranks.items():
+        if sorted(group_ranks) == sorted(ranks):
+            return group
+    return None
+
+
+def _rebound_mesh(stand_in: _DeviceMeshStandIn):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.distributed_c10d import _get_group_tag, get_rank
+
+    mesh = torch.tensor(stand_in.ranks, dtype=torch.int).view(stand_in.shape)
+    out = DeviceMesh(stand_in.device_type, mesh, mesh_dim_names=stand_in.dim_names, _init_backend=False)
+    infos = []
+    rank = get_rank()
+    for dim in range(mesh.ndim):
+        # The ranks along ``dim`` through this rank's coordinates.
+        rows = mesh.swapdims(-1, dim).reshape(-1, mesh.size(dim))
+        subgroup = next((r.tolist() for r in rows if rank in r.tolist()), None)
+        group = _live_dim_group(subgroup) if subgroup is not None else None
+        if group is None:
+            log.debug("DTensor guard: mesh dim %d over %s has no live process group", dim, subgroup)
+            return out
+        infos.append((_get_group_tag(group), subgroup, group.group_name))
+    out._dim_group_infos = infos
+    return out
+
+
+@_register_codec
+class _DTensorSpecCodec(StandInCodec):
+    """A DTensor's spec by value (NOTE: [DTensor stand-ins]). Reached as the
+    flatten context of a DTensor (_WrapperSubclassCodec)."""
+
+    stand_ins = (_DTensorSpecStandIn, _DeviceMeshStandIn, _PlacementStandIn)
+
+    @staticmethod
+    def accepts_type(cls):
+        return _is_dtensor_spec_type(cls)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return _is_dtensor_spec_type(type(obj))
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        mesh = obj.mesh
+        if getattr(mesh, "_thread_id", None) is not None:
+            raise converter.refusal(
+                path, "a DTensor on the threaded process group backend", ("TENSOR_MATCH",)
+            )
+        mesh_stand_in = _DeviceMeshStandIn(
+            mesh.device_type,
+            tuple(mesh.mesh.shape),
+            tuple(mesh.mesh.flatten().tolist()),
+            tuple(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
+        )
+        placements = tuple(
+            _save_placement(converter, p, f"{path}.placements[{i}]")
+            for i, p in enumerate(obj.placements)
+        )
+        meta = obj.tensor_meta
+        tensor_meta = (
+            None if meta is None else (tuple(meta.shape), tuple(meta.stride), str(meta.dtype))
+        )
+        return _DTensorSpecStandIn(mesh_stand_in, placements, tensor_meta)
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        from torch.distributed.tensor import placement_types
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+        if isinstance(stand_in, _DeviceMeshStandIn):
+            return _rebound_mesh(stand_in)
+        if isinstance(stand_in, _PlacementStandIn):
+            cls = getattr(placement_types, stand_in.kind, None)
+            if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+                raise PackageError(f"DTensor placement {stand_in.kind!r} does not exist in this torch")
+            return cls(**dict(stand_in.fields))
+        meta = None
+        if stand_in.tensor_meta is not None:
+            shape, stride, dtype = stand_in.tensor_meta
+            meta = TensorMeta(torch.Size(shape), tuple(stride), getattr(torch, dtype.split(".")[-1]))
+        return DTensorSpec(
+            hydrator(stand_in.mesh),
+            tuple(hydrator(p) for p in stand_in.placements),
+            tensor_meta=meta,
+        )
 
 
 @_register_codec
