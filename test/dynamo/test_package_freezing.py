@@ -29,7 +29,7 @@ from torch.testing._internal.common_utils import (
 
 
 FREEZING_RUNNER = r'''
-import io, json, os, sys, warnings
+import io, json, logging, os, sys, warnings
 import torch
 import torch._inductor.config as inductor_config
 
@@ -72,6 +72,25 @@ def make(model):
             module.bn.weight.uniform_(0.5, 1.5)
         return module, torch.randn(2, 3, 10, 10)
     return module, torch.randn(4, 16)
+
+
+class PrepackLogs(logging.Handler):
+    """Counts the package's INFO lines saying weight prepack is off."""
+
+    def __enter__(self):
+        self.count = 0
+        self.logger = logging.getLogger("torch._dynamo.package")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.level)
+
+    def emit(self, record):
+        self.count += record.levelno == logging.INFO and "weight_prepack" in record.getMessage()
 
 
 def frozen_constants(package):
@@ -118,11 +137,13 @@ for name, case in CASES.items():
     compiled = torch.compile(module, package=package, options=options)
     got = {}
     if mode == "save":
-        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        prepack_logs = PrepackLogs()
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad(), prepack_logs:
             warnings.simplefilter("always")
             compiled(x)
             compiled.save_package()
         got["warnings"] = [str(w.message) for w in caught if "package" in str(w.message)]
+        got["prepack_off_logs"] = prepack_logs.count
         with open(os.path.join(package, "manifest.json")) as f:
             manifest = json.load(f)
         got["entries"] = manifest["entries"]
@@ -260,6 +281,11 @@ class TestPackageFreezing(torch._dynamo.test_case.TestCase):
         if ROUND_TRIP_CASES[name]["global_freezing"]:
             # the parameters really were folded into constants the package carries
             self.assertGreater(saved["frozen_constants"], 0)
+            # one INFO line says weight prepack is off, unless the user set it
+            self.assertEqual(
+                saved["prepack_off_logs"],
+                0 if "cpp.weight_prepack" in ROUND_TRIP_CASES[name].get("options", {}) else 1,
+            )
         self.assertEqual(
             (loaded.get("error"), loaded["same"], loaded["traced_graphs"]), (None, True, 0)
         )
