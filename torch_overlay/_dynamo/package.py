@@ -1263,7 +1263,9 @@ class CompilePackage:
         for holder in holders:
             holder = getattr(holder, "__func__", holder)
             f_globals = getattr(holder, "__globals__", None) or {}
-            names.add(f_globals.get("__name__") or getattr(holder, "__module__", None))
+            own = f_globals.get("__name__") or getattr(holder, "__module__", None)
+            if isinstance(own, str):
+                names.add(own)
             for value in f_globals.values():
                 owner = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
                 if isinstance(owner, str):

@@ -909,7 +909,7 @@ class _CheckedInductorGraph(_PackagedInductorGraph):
 
 def _check_aot_config(fields: dict, name: str) -> None:
     """The recorded AOTConfig fields are exactly those _aot_config_fields saves."""
-    expected = {
+    expected: dict[str, Any] = {
         "num_params_buffers": int,
         "keep_inference_input_mutations": bool,
         "is_export": bool,

@@ -694,6 +694,7 @@ def allowed_global(module: str, name: str):
     """The object a graph pickle may name as ``module.name``, or None."""
     if not (isinstance(module, str) and isinstance(name, str)) or "__" in name:
         return None
+    obj: Any
     module = {"__builtin__": "builtins", "copy_reg": "copyreg"}.get(module, module)
     exact = (module, name) in _ALLOWED_FUNCTIONS
     by_module = module.startswith(_ALLOWED_CLASS_MODULES) or module + "." in _ALLOWED_CLASS_MODULES
@@ -816,7 +817,7 @@ def load_inductor_payload(blob: bytes, where) -> dict:
             isinstance(name, str)
             and name.isidentifier()
             and not name.startswith("_")
-            and kernel is getattr(torch._C._VariableFunctionsClass, name, None)
+            and kernel is getattr(torch._C._VariableFunctionsClass, name, None)  # type: ignore[attr-defined]
         ):
             raise PackageError(f"package {where}: extern kernel {str(name)[:40]!r} is not a torch operator")
     return payload
@@ -829,7 +830,7 @@ def _weights_only_globals() -> list:
     if not _weights_only_cache:
         import builtins
 
-        found = [getattr, torch._C._VariableFunctionsClass]
+        found = [getattr, torch._C._VariableFunctionsClass]  # type: ignore[attr-defined]
         for module_name in (
             "torch._functorch._aot_autograd.schemas",
             "torch._functorch._aot_autograd.runtime_wrappers",
