@@ -704,8 +704,11 @@ def refuse_local_class_type_matches(guards, recorded_values: dict) -> None:
     scope (see NOTE: [Classes defined in local scope]). Checked before any value
     is converted, so this is the error a user sees, as upstream raises it first."""
     for guard in guards:
+        # The type test first: a guard's name is built from its source each time.
+        if "TYPE_MATCH" not in guard_type_names(guard):
+            continue
         value = recorded_values.get(guard.name, _NOT_RECORDED)
-        if value is _NOT_RECORDED or "TYPE_MATCH" not in guard_type_names(guard):
+        if value is _NOT_RECORDED:
             continue
         cls = type(value)
         if _is_local_class(cls):
@@ -746,10 +749,13 @@ def _saved_aotautograd_guards(output_graph) -> list:
 
 
 def _saved_sizes_strides(output_graph, guards) -> dict:
-    """The sizes and strides TENSOR_MATCH takes, for the sources guards are on."""
+    """The sizes and strides TENSOR_MATCH takes, for the sources it guards (the
+    only reader of input_source_to_sizes_strides)."""
     from torch._dynamo.guards import convert_to_concrete_values
 
-    guard_sources = {g.originating_source for g in guards}
+    guard_sources = {
+        g.originating_source for g in guards if "TENSOR_MATCH" in guard_type_names(g)
+    }
     return {
         source: {
             "size": convert_to_concrete_values(meta["size"]),

@@ -205,6 +205,13 @@ class _StandInConverter:
             return value
         if id(value) in self.recorded_ids or id(value) in self.recorder.identity:
             return self.convert(value, path, True)
+        if type(value) in (dict, collections.OrderedDict, list) and not value:
+            # An empty container (a module holds a dozen empty hook dicts) is an
+            # empty one of its type, once per object, as convert() would make it.
+            stand_in = self.memo.get(id(value))
+            if stand_in is None:
+                stand_in = self.memo[id(value)] = type(value)()
+            return stand_in
         if type(value) in (dict, collections.OrderedDict, list, tuple, collections.defaultdict):
             return self.convert(value, path, False)
         if parent_guarded and (
