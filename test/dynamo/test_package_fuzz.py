@@ -301,12 +301,19 @@ class DirectoryMutator:
 
     def hostile_graph_pickle(self) -> str:
         name = self.pick("graphs/")
-        kind = self.rng.choice(["plain", "eager-payload", "custom-backend", "inductor-nested", "inductor-direct"])
+        kind = self.rng.choice(
+            ["plain", "eager-payload", "custom-backend", "torch-callable", "inductor-nested", "inductor-direct"]
+        )
         hostile = _Opens(self.marker)
         if kind == "plain":
             data = pickle.dumps(hostile)
         elif kind == "eager-payload":
             data = pickle.dumps({"backend": "eager", "gm": hostile})
+        elif kind == "torch-callable":
+            # torch's own SerializableCallable, whose bytes are a pickle.
+            data = pickle.dumps({"backend": "custom:x",
+                                 "callable_class": ("torch._dynamo.aot_compile_types", "GraphModuleSerializableCallable"),
+                                 "artifacts": pickle.dumps(hostile)})
         elif kind == "custom-backend":
             data = pickle.dumps({"backend": "custom:x", "callable_class": ("os", "system"),
                                  "artifacts": f"touch {self.marker}".encode()})

@@ -342,6 +342,17 @@ class PackageTrustUnitTests(torch._dynamo.test_case.TestCase):
             load_graph_pickle(pickle.dumps(_Marker("/nonexistent/marker")), "<test>")
         with self.assertRaises(PackageError):
             load_graph_pickle(b"\x80\x04garbage", "<test>")
+        from torch._dynamo.package_artifacts import _deserialize_custom_graph
+
+        marker = Path(tempfile.mkdtemp()) / "marker"
+        for callable_class in (("torch._dynamo.aot_compile_types", "GraphModuleSerializableCallable"),
+                               ("os", "system"), ("subprocess", "Popen"), ("this", "x")):
+            payload = {"backend": "custom:x", "callable_class": callable_class,
+                       "artifacts": pickle.dumps(_Marker(str(marker)))}
+            with self.assertRaises(PackageError):
+                _deserialize_custom_graph(payload, "g")
+        self.assertFalse(marker.exists())
+        self.assertNotIn("this", sys.modules)
 
     @parametrize("device", ["xyz", "", "__class__", "cpu,", "cuda.is_available"])
     def test_manifest_device_values(self, device):

@@ -211,6 +211,10 @@ def _deserialize_custom_graph(payload: dict, name: str = "<graph>"):
             "of a module this process has imported (import the backend's module before "
             "loading: a package never imports a module by name)"
         )
+    if cls.__module__ == "torch" or cls.__module__.startswith("torch."):
+        # torch's own serializable callables pickle graphs: their bytes pass the
+        # graph allow-list first (the same bytes then unpickle the same globals).
+        load_graph_pickle(payload["artifacts"], f"graph {name} ({cls.__qualname__})")
     try:
         return cls.deserialize_compile_artifacts(payload["artifacts"])
     except PackageError:

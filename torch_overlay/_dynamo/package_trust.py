@@ -662,6 +662,8 @@ _ALLOWED_FUNCTIONS = {
     ("torch.nn.parameter", "Parameter"),
     ("torch.storage", "UntypedStorage"),
     ("torch._C", "_VariableFunctionsClass"),
+    # DDPOptimizer's split graph (a custom-backend artifact of torch's own).
+    ("torch._dynamo.package", "_DDPSplitPiece"),
 }
 # Modules all of whose classes (types only) may be built from a graph pickle.
 _ALLOWED_CLASS_MODULES = (
