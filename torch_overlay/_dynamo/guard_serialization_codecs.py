@@ -777,7 +777,7 @@ def _rebound_mesh(stand_in: _DeviceMeshStandIn):
 
     mesh = torch.tensor(stand_in.ranks, dtype=torch.int).view(stand_in.shape)
     out = DeviceMesh(stand_in.device_type, mesh, mesh_dim_names=stand_in.dim_names, _init_backend=False)
-    infos = []
+    infos: list[Any] = []
     rank = get_rank()
     for dim in range(mesh.ndim):
         # The ranks along ``dim`` through this rank's coordinates.

@@ -282,10 +282,10 @@ def _resolve_code(key: tuple, root_codes: list[types.CodeType]):
     except AttributeError:
         return None
     obj = getattr(obj, "__func__", obj)
-    code = getattr(obj, "__code__", None)
-    if code is None or outer == qualname:
-        return code
-    found = [c for c in _nested_codes(code) if c.co_qualname == qualname]
+    outer_code = getattr(obj, "__code__", None)
+    if outer_code is None or outer == qualname:
+        return outer_code
+    found = [c for c in _nested_codes(outer_code) if c.co_qualname == qualname]
     return found[0] if len(found) == 1 else None
 
 
@@ -1478,7 +1478,7 @@ class _DDPSplitPiece(torch.nn.Module):
     def __init__(self, unwrap_singleton_tuple: bool) -> None:
         super().__init__()
         self.unwrap_singleton_tuple = unwrap_singleton_tuple
-        self.compiled: Optional[Callable] = None
+        self.compiled: Any = None  # the loaded graph, set after unpickling
 
     def __getstate__(self):
         state = dict(self.__dict__)
