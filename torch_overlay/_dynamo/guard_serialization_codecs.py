@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 _DECLINED = object()
 
 
+_NOT_FOUND = object()
+
+
 def _placeholder_of(value: Any) -> _Placeholder:
     """What an unguarded value (or one only read as the base of others) becomes."""
     return _Placeholder(type(value).__qualname__)
@@ -65,6 +68,7 @@ class _StandInConverter:
         self.recorded_ids = {id(v) for v in recorder.values.values()}
         self._guards = guards
         self._guard_types_by_name: Optional[dict[str, list[str]]] = None
+        self._class_names: dict[type, Any] = {}
 
     @property
     def guard_types_by_name(self) -> dict[str, list[str]]:
@@ -153,7 +157,10 @@ class _StandInConverter:
 
     def class_ref(self, cls, path: str):
         """A class by name, or the stand-in of a class defined in local scope."""
-        ref = find_stable_name(cls)
+        # Many values share a class (every Linear of a model): named once.
+        ref = self._class_names.get(cls, _NOT_FOUND)
+        if ref is _NOT_FOUND:
+            ref = self._class_names[cls] = find_stable_name(cls)
         if ref is None and _is_local_class(cls):
             return _LocalClassCodec.save(self, cls, path, True)
         return ref
