@@ -39,7 +39,7 @@ MANIFEST = "manifest.json"
 SIGNATURE_FILE = "manifest.json.sig"
 # How many times a loader reads a local package again when a save replaced it
 # while it was being read.
-READ_ATTEMPTS = 3
+READ_ATTEMPTS = 10
 
 
 # NOTE: [Packages in object storage]
@@ -167,29 +167,46 @@ def save_to_url(url: str, write_local: Callable[[Path], None]) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _identity(path: Path):
+def _pin(path: Path):
+    """A descriptor holding ``path``'s directory (its inode is not reused while
+    it is open, even once a save deleted it), or None where there is none."""
     try:
-        st = os.stat(path)
+        return os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
         return None
-    return (st.st_dev, st.st_ino)
+
+
+def _replaced(pinned, path: Path) -> bool:
+    """Whether ``path`` names another directory than the one ``pinned`` holds."""
+    try:
+        now = os.stat(path)
+    except OSError:
+        return False
+    if pinned is None:
+        return True  # there was none, there is one now
+    then = os.fstat(pinned)
+    return (then.st_dev, then.st_ino) != (now.st_dev, now.st_ino)
 
 
 def read_consistently(where: Path, read: Callable[[Path], _T]) -> _T:
     """``read(where)``, read again if a save replaced the directory meanwhile.
 
     Loaders take no lock and write nothing. A save swaps a complete new
-    directory in under the package's name, so a loader whose read overlapped
-    a swap may have read files of both packages: the sha256 check refuses
-    that (a PackageError), and the directory's identity tells it was a swap,
-    not damage, so the whole read starts again on the new package."""
+    directory in under the package's name and deletes the old one, so a
+    loader whose read overlapped a swap may have read files of both packages,
+    or found the old one's files gone: the sha256 and file checks refuse that
+    (a PackageError), and the directory the loader started on, held open
+    meanwhile, tells a swap from damage, so the whole read starts again on the
+    new package."""
     for attempt in range(1, READ_ATTEMPTS + 1):
-        before = _identity(where)
+        pinned = _pin(where)
         try:
             return read(where)
         except PackageError:
-            after = _identity(where)
-            if attempt == READ_ATTEMPTS or after is None or after == before:
+            if attempt == READ_ATTEMPTS or not _replaced(pinned, where):
                 raise
             log.info("package %s was replaced while it was read: reading it again", where)
+        finally:
+            if pinned is not None:
+                os.close(pinned)
     raise AssertionError("unreachable")
