@@ -972,12 +972,14 @@ def _trust_recorded_vec_isa() -> None:
 # concurrent saves to one directory are serialized by an exclusive flock on
 # the parent directory (writing the files is not): the last swap wins, every
 # other save's directory is deleted, nothing is left beside the package.
-# Loaders take no lock and write nothing: a loader pins the directory it
-# starts reading by a file descriptor (package_storage.pinned_package_dir), so
-# a swap during its load never mixes two packages' files. Where the exchange
-# is not available (other systems, some filesystems), the old package is
-# renamed away and the new one renamed in: a loader starting between the two
-# renames finds no package (a PackageError) rather than a mix.
+# Loaders take no lock and write nothing: every file is checked against the
+# manifest's sha256, so a load never mixes two packages' files, and a loader
+# whose read overlapped a swap (the directory it started on, held open, is no
+# longer the one at the path) reads the new package again
+# (package_storage.read_consistently). Where the exchange is not available
+# (other systems, some filesystems), the old package is renamed away and the
+# new one renamed in: a loader starting between the two renames finds no
+# package (a PackageError) rather than a mix.
 
 _RENAME_EXCHANGE = 2  # linux/fs.h
 
