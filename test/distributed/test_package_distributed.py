@@ -1,4 +1,4 @@
-# Owner(s): ["oncall: distributed"]
+# Owner(s): ["module: dynamo"]
 """Compile packages under torch.distributed: DDP, FSDP2 and ranks sharing one package.
 
 Every case runs real ranks: this file, started again as a worker
