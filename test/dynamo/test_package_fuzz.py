@@ -87,9 +87,14 @@ print("SAVED")
 # Loads the cases listed in a JSON file, from index argv[3] on; one line per
 # case, flushed, so that a crash is attributed to the case that caused it.
 LOADER = """
+import gc
+import glob
 import json
+import os
+import shutil
 import signal
 import sys
+import tempfile
 import torch
 
 out, cases_file, first = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -111,9 +116,11 @@ def on_alarm(signum, frame):
 
 
 signal.signal(signal.SIGALRM, on_alarm)
+kernel_copies = os.path.join(tempfile.gettempdir(), "torch_package_kernels_*")
 for i in range(first, len(cases)):
     case = cases[i]
     print(f"START {i}", flush=True)
+    before = set(glob.glob(kernel_copies))
     torch._dynamo.reset()
     signal.alarm(case["timeout"])
     try:
@@ -141,6 +148,16 @@ for i in range(first, len(cases)):
         outcome = {"outcome": "untyped", "type": type(e).__name__, "message": str(e)[:300]}
     finally:
         signal.alarm(0)
+    if outcome["outcome"] != "ok":
+        # A failed load leaves no kernel copies behind (once its objects are gone;
+        # a loaded package's copies live as long as its graphs, in module globals).
+        compiled = result = None
+        gc.collect()
+        leftovers = set(glob.glob(kernel_copies)) - before
+        if leftovers:
+            outcome = {"outcome": "leftover_temp_dir", "was": outcome}
+            for leftover in leftovers:
+                shutil.rmtree(leftover, ignore_errors=True)
     print("CASE " + json.dumps({"index": i, **outcome}), flush=True)
 """
 

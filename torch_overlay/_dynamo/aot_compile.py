@@ -315,12 +315,15 @@ def load_compiled_function(file, *, f_globals=None, external_data=None) -> AOTCo
     files, manifest = read_archive(file, where)
     if "aot_compile" not in manifest:
         raise PackageError(f"{where} is a compile package, not an aot_compile'd function")
-    package = CompilePackage(None)
+    # The function first: the entry is checked against it (its bytecode, the
+    # module it runs in) before anything is installed.
+    saved = manifest["aot_compile"]
+    fn = _function_of(("function", saved.get("module"), saved.get("qualname")), saved, where)
+    package = CompilePackage(fn)
     loaded = package.load_files(files, manifest, where)
     if len(loaded) != 1:
         raise PackageError(f"{where} holds {len(loaded)} entries, not one")
     entry = loaded[0]
-    fn = _function_of(entry.entry.code_key, manifest["aot_compile"], where)
     _check_belongs(entry, fn, where)
     runtime_globals = entry.f_globals
     if f_globals is not None:
