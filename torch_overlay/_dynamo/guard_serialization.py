@@ -241,6 +241,40 @@ class _NamedRef:
     path: str
 
 
+# NOTE: [FSDP2 module classes]
+# fully_shard(module) swaps the module's class for one it makes, FSDP<cls>
+# (a subclass of FSDPModule and cls, kept in cls_to_fsdp_cls), which no module
+# names, so a TYPE_MATCH on a sharded module had no stable name. It is saved as
+# the name of the original class, marked as its FSDP class, and loads as the
+# class fully_shard made for that class in the loading process (the model is
+# sharded before it is loaded, as it is before it is compiled); where there is
+# none, as an unresolved name, which matches no guard.
+_FULLY_SHARD_MODULE = "torch.distributed.fsdp._fully_shard._fully_shard"
+
+
+@dataclasses.dataclass(frozen=True)
+class _FSDPClassRef(_NamedRef):
+    """FSDP<cls> by the name of ``cls`` (see NOTE: [FSDP2 module classes])."""
+
+
+def _fsdp_original_class(cls) -> Optional[type]:
+    """The class fully_shard made ``cls`` from, if it made ``cls``."""
+    fully_shard_module = sys.modules.get(_FULLY_SHARD_MODULE)
+    made = getattr(fully_shard_module, "cls_to_fsdp_cls", None)
+    if not made:
+        return None
+    return next((original for original, new in made.items() if new is cls), None)
+
+
+def _resolve_fsdp_class(ref: _FSDPClassRef):
+    original = resolve_name(_NamedRef(ref.module, ref.path))
+    fully_shard_module = sys.modules.get(_FULLY_SHARD_MODULE)
+    made = getattr(fully_shard_module, "cls_to_fsdp_cls", {})
+    if isinstance(original, type) and original in made:
+        return made[original]
+    return UnresolvedName(ref.module, f"FSDP<{ref.path}>")
+
+
 class UnresolvedName:
     """What a saved name that no longer resolves loads as: it matches no guard."""
 
@@ -330,6 +364,11 @@ def find_stable_name(
         return None
     if obj is builtins.__dict__:
         return _NamedRef("builtins", "__dict__")
+    if isinstance(obj, type):
+        original = _fsdp_original_class(obj)
+        if original is not None:
+            ref = find_stable_name(original)
+            return None if ref is None else _FSDPClassRef(ref.module, ref.path)
     if isinstance(obj, enum.Enum):
         owner = find_stable_name(type(obj))
         if owner is not None:
@@ -929,6 +968,8 @@ def check_state_compatible(og: OutputGraphGuardsState, f_code) -> None:
 
 
 def resolve_name(ref: _NamedRef):
+    if isinstance(ref, _FSDPClassRef):
+        return _resolve_fsdp_class(ref)
     module = sys.modules.get(ref.module)
     if module is None and (
         ref.module in _IMPORTABLE_AT_LOAD

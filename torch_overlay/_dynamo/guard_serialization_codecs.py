@@ -25,6 +25,7 @@ from typing import Any, cast, Optional
 import torch
 from torch._dynamo.exc import PackageError
 from torch._dynamo.guard_serialization import (
+    _FSDPClassRef,
     _is_constant,
     _is_local_class,
     _NamedRef,
@@ -437,7 +438,7 @@ class _NamedCodec(StandInCodec):
     """Modules, classes, functions, builtins, code objects, layouts and memory
     formats, by name (see NOTE: [Guard serialization by recorded values])."""
 
-    stand_ins = (_NamedRef,)
+    stand_ins = (_NamedRef, _FSDPClassRef)
 
     @staticmethod
     def accepts(obj, guarded):
@@ -1465,7 +1466,14 @@ class _ObjectCodec(StandInCodec):
                 f"it is an instance of {cls.__qualname__}, a class with no stable "
                 "name in another process; define the class at module scope",
             )
-        if cls.__new__ is not object.__new__ and cls.__new__ not in _SAFE_NEWS:
+        # FSDPModule.__new__ only redirects construction to the original class:
+        # the stand-in is made with object.__new__, as for a plain module (NOTE:
+        # [FSDP2 module classes]).
+        if (
+            cls.__new__ is not object.__new__
+            and cls.__new__ not in _SAFE_NEWS
+            and not isinstance(cls_ref, _FSDPClassRef)
+        ):
             raise converter.refusal(
                 path,
                 f"it is an instance of {cls.__qualname__}, whose custom __new__ "
