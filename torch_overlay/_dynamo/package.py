@@ -756,6 +756,39 @@ def _check_entry_module(entry: _Entry, module: Optional[types.ModuleType], code:
         )
 
 
+# Builtins a saved global may never be bound to.
+_UNSAFE_BUILTINS = frozenset(
+    {"eval", "exec", "compile", "open", "__import__", "getattr", "setattr", "delattr",
+     "globals", "locals", "vars", "input", "breakpoint", "exit", "quit", "help"}
+)
+
+
+def _check_global_refs(entry: _Entry, what: str, live_modules: Optional[set]) -> None:
+    """Each global the bytecode reads is bound to what its name says: a compiled
+    graph to a graph, a resume function to its code, a module alias to the module
+    it is named after, and an object by name only to one of torch's, a standard
+    module's or the live function's modules (never os.system for a graph)."""
+    from torch._dynamo.guard_serialization import _IMPORTABLE_AT_LOAD
+
+    for name, ref in entry.globals.items():
+        kind = ref[0]
+        wrong = (
+            name.startswith("__compiled_fn") != (kind == "graph")
+            or name.startswith("__resume_at_") != (kind == "resume")
+            or (kind == "module" and name.startswith("__import_") and name != "__import_" + ref[1].replace(".", "_dot_"))
+        )
+        if kind == "named":
+            module, path = ref[1], ref[2]
+            wrong = wrong or not (
+                module == "torch"
+                or module.startswith("torch.")
+                or module in _IMPORTABLE_AT_LOAD
+                or (live_modules is not None and module in live_modules)
+            ) or (module == "builtins" and path.split(".")[0] in _UNSAFE_BUILTINS)
+        if wrong:
+            raise PackageError(f"{what}: global {name[:80]} is bound to {str(ref[:3])[:120]}, not what its name says")
+
+
 def _named_module(name: str, entry: _Entry) -> types.ModuleType:
     """A module alias the saved bytecode reads: one already imported, or torch's own."""
     module = sys.modules.get(name)
@@ -1246,6 +1279,7 @@ class CompilePackage:
                 codes[name] = code
         _check_guards_state(entry, codes[""], what)
         _check_entry_module(entry, sys.modules.get(entry.global_module), codes[""])
+        _check_global_refs(entry, what, self._modules_named_by_live_function())
         return codes
 
     def _modules_named_by_live_function(self) -> Optional[set]:
