@@ -319,6 +319,24 @@ print("REPORT" + json.dumps(report))
 
 # A helper that graph-breaks is compiled as a frame of its own; defined in a local
 # scope, a fresh process has no name to find its code by.
+def _make_generated_helper():
+    # Code generated at run time (exec): no module attribute and no enclosing
+    # function's constants hold it, so another process cannot find it again.
+    namespace = {"__name__": __name__, "torch": torch}
+    exec(
+        textwrap.dedent(
+            """
+            def helper(x):
+                y = x.cos()
+                torch._dynamo.graph_break()
+                return y + 1
+            """
+        ),
+        namespace,
+    )
+    return namespace["helper"]
+
+
 def _make_local_helper():
     def helper(x):
         y = x.cos()
@@ -328,11 +346,16 @@ def _make_local_helper():
     return helper
 
 
-_LOCAL_HELPER = _make_local_helper()
+_LOCAL_HELPER = _make_generated_helper()
+_NESTED_HELPER = _make_local_helper()
 
 
 def _calls_local_helper(x):
     return _LOCAL_HELPER(x) * 2
+
+
+def _calls_nested_helper(x):
+    return _NESTED_HELPER(x) * 2
 
 
 def _compile_with_local_helper(package_dir):
@@ -501,7 +524,7 @@ class TestPackage(PackageTestCase):
         messages = [str(w.message) for w in caught if "could not find its code" in str(w.message)]
         # helper's entry, and then its resume function's (nothing else calls it)
         self.assertEqual(len(messages), 2)
-        self.assertIn("_make_local_helper.<locals>.helper", messages[0])
+        self.assertIn("the entry for helper (module test_package)", messages[0])
         self.assertIn("define it at module level", messages[0])
         self.assertIn("resume function torch_dynamo_resume_in_helper_at", messages[1])
         manifest = json.loads((Path(package_dir) / "manifest.json").read_text())
@@ -512,6 +535,19 @@ class TestPackage(PackageTestCase):
             compiled = _compile_with_local_helper(package_dir)
             with self.assertRaisesRegex(PackageError, "helper .* could not find its code"):
                 compiled.save_package()
+
+    def test_entry_of_a_function_nested_in_a_module_level_one_is_kept(self):
+        # Its code is a constant of the enclosing function's code, found again
+        # by its qualname (as contextlib.contextmanager's helper under DDP).
+        package_dir = str(self.tmp / "pkg")
+        compiled = torch.compile(_calls_nested_helper, backend="eager", package=package_dir)
+        compiled(torch.randn(3))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            compiled.save_package()
+        manifest = json.loads((Path(package_dir) / "manifest.json").read_text())
+        # the caller, the helper, and the resume function of each
+        self.assertEqual(manifest["entries"], 4)
 
     def test_package_with_nothing_in_it_warns_at_save(self):
         compiled = torch.compile(_scaled_sum, backend="eager", package=str(self.tmp / "pkg"))
