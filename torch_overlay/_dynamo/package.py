@@ -510,6 +510,9 @@ def _with_frozen_parameter_filter(hooks, backend: Optional[RecordingBackend]):
     frozen graphs folded (NOTE: [Parameters of frozen packages])."""
     if hooks is None or backend is None or backend.kind != "inductor":
         return hooks
+    if not _freezing_parameters():
+        # Dynamo folds (and guards by identity) no parameter in this frame.
+        return hooks
     user_filter = getattr(hooks, "guard_filter_fn", None)
     first = len(backend.frozen_records)
 
@@ -1094,7 +1097,6 @@ class CompilePackage:
         if signature is not None:
             files[SIGNATURE_FILE] = signature
         return files, manifest
-
 
     def _keep_resolvable(self, entries: list[_Entry]) -> list[_Entry]:
         """The entries a fresh process can find the code of; the others are left
