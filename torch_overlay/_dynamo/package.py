@@ -521,6 +521,7 @@ def _with_frozen_parameter_filter(hooks, backend: Optional[RecordingBackend]):
         folded = {
             source
             for record in backend.frozen_records[first:]
+            if record.frozen is not None
             for source in record.frozen.param_sources.values()
             if _module_path(source) is not None
         }
