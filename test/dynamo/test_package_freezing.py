@@ -103,8 +103,11 @@ def frozen_constants(package):
     return count
 
 
-def aot_compile_case(mode, module, x, options, path):
+def aot_compile_case(mode, module, x, options, path, change_at_load=None):
     got = {}
+    if mode == "load" and change_at_load:
+        with torch.no_grad():
+            dict(module.named_parameters())[change_at_load].mul_(1.5)
     with torch._dynamo.config.patch("enable_aot_compile", True), torch.no_grad():
         try:
             if mode == "save":
@@ -132,7 +135,9 @@ for name, case in CASES.items():
         options["guard_filter_fn"] = drop_tensor_identity_guards
     package = os.path.join(where, name)
     if case.get("aot_compile"):
-        report[name] = aot_compile_case(mode, module, x, options, package)
+        report[name] = aot_compile_case(
+            mode, module, x, options, package, case.get("change_at_load")
+        )
         continue
     compiled = torch.compile(module, package=package, options=options)
     got = {}
@@ -208,17 +213,18 @@ CHANGED_PARAMETER_CASES = {
     "mlp_changed_linear2_bias": dict(FROZEN, model="mlp", change_at_load="linear2.bias"),
 }
 
-# aot_compile of a frozen module's forward: name -> what its load says (None:
-# it loads and matches eager). The module is an argument of each call of an
-# aot_compile'd forward, so a load has no module to check folded values against.
+# aot_compile of a frozen module's forward: name -> what its load and first call
+# say (None: it loads and matches eager). The module is the first argument of
+# each call of an aot_compile'd forward: folded values are checked against it.
 AOT_COMPILE_CASES = {
     "aot_compile_freezing_option": (
         dict(model="mlp", global_freezing=False, aot_compile=True, options={"freezing": True}),
         None,
     ),
-    "aot_compile_folded": (
-        dict(FROZEN, model="mlp", aot_compile=True),
-        "has no module to check its parameters against",
+    "aot_compile_folded": (dict(FROZEN, model="mlp", aot_compile=True), None),
+    "aot_compile_folded_changed_parameter": (
+        dict(FROZEN, model="mlp", aot_compile=True, change_at_load="linear2.bias"),
+        "from other values of 'linear2.bias'",
     ),
 }
 

@@ -50,7 +50,12 @@ import torch
 from torch._dynamo.exc import PackageError
 
 from .package import CompilePackage
-from .package_artifacts import _CUSTOM_BACKEND, read_archive, write_archive
+from .package_artifacts import (
+    _CUSTOM_BACKEND,
+    check_frozen_parameters,
+    read_archive,
+    write_archive,
+)
 
 
 log = logging.getLogger(__name__)
@@ -131,6 +136,11 @@ class AOTCompiledFunction:
         self._run = torch._dynamo.disable(self._compiled)
         self._guard_manager: Optional[Any] = None
         self._check_guards = True
+        # Frozen graphs of a loaded function, checked against the module each
+        # call passes as its first argument (NOTE: [Parameters of frozen
+        # packages]); the last module that passed, so it is checked once.
+        self._frozen_checks = list(package.frozen_checks_at_call or ())
+        self._frozen_checked_module: Optional[weakref.ref] = None
 
     @property
     def guard_manager(self):
@@ -158,7 +168,24 @@ class AOTCompiledFunction:
         """Whether the guards accept a call with these arguments."""
         return self.guard_manager.check(self._f_locals(args, kwargs))
 
+    def _check_frozen_module(self, args) -> None:
+        module = args[0] if args else None
+        checked = self._frozen_checked_module
+        if checked is not None and checked() is module:
+            return
+        if not isinstance(module, torch.nn.Module):
+            raise PackageError(
+                f"aot_compile'd {self._fn.__qualname__} holds frozen graphs (weights "
+                "folded into constants) and must be called with its module as the "
+                f"first argument, not a {type(module).__name__}"
+            )
+        for graph, name in self._frozen_checks:
+            check_frozen_parameters(graph, module, name)
+        self._frozen_checked_module = weakref.ref(module)
+
     def __call__(self, *args, **kwargs):
+        if self._frozen_checks:
+            self._check_frozen_module(args)
         if self._check_guards:
             f_locals = self._f_locals(args, kwargs)
             if not self.guard_manager.check(f_locals):
@@ -320,6 +347,7 @@ def load_compiled_function(file, *, f_globals=None, external_data=None) -> AOTCo
     saved = manifest["aot_compile"]
     fn = _function_of(("function", saved.get("module"), saved.get("qualname")), saved, where)
     package = CompilePackage(fn)
+    package.frozen_checks_at_call = []
     loaded = package.load_files(files, manifest, where)
     if len(loaded) != 1:
         raise PackageError(f"{where} holds {len(loaded)} entries, not one")

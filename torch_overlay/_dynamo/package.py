@@ -830,6 +830,12 @@ class CompilePackage:
         # entries with no bytecode and no guards.
         self.skipped: list[_Entry] = []
         self._loaded_skips: list[_Entry] = []
+        # None: a frozen graph is checked at load against the module the package
+        # belongs to. A list: the load has no module (aot_compile, where it is
+        # the first argument of each call), and (graph, name) of each frozen
+        # graph is kept here for the caller to check (NOTE: [Parameters of frozen
+        # packages]).
+        self.frozen_checks_at_call: Optional[list[tuple[Any, str]]] = None
         self._inline_wrapped: Any = _NOT_YET
         self._loaded: list[_LoadedEntry] = []
         self._loaded_graph_blobs: dict[str, bytes] = {}
@@ -1247,6 +1253,7 @@ class CompilePackage:
         the module it is loaded for (NOTE: [Parameters of frozen packages])."""
         module = self._fn if isinstance(self._fn, torch.nn.Module) else None
         graphs = {}
+        checks_at_call = self.frozen_checks_at_call
         for name, data in files.items():
             if name.startswith("graphs/"):
                 artifact = name[len("graphs/") : -len(".bin")]
@@ -1256,7 +1263,11 @@ class CompilePackage:
                     raise PackageError(f"package {path}: {name}: {e}") from e
                 except Exception as e:
                     raise PackageError(f"package {path}: graph {artifact} is damaged: {e!r}"[:600]) from e
-                check_frozen_parameters(graphs[artifact], module, f"{artifact} of {path}")
+                if module is None and checks_at_call is not None:
+                    # aot_compile: the module is the first argument of each call.
+                    checks_at_call.append((graphs[artifact], f"{artifact} of {path}"))
+                else:
+                    check_frozen_parameters(graphs[artifact], module, f"{artifact} of {path}")
         return graphs
 
     def _checked_code(self, entry: _Entry, path) -> dict[str, types.CodeType]:

@@ -439,9 +439,11 @@ def _inductor_artifact(record: _GraphRecord, payload: dict) -> bytes:
 # contract, as without a package) or, since its identity guard is gone, by
 # replacement. A folded parameter reached other than through the compiled
 # module (a global module's) keeps its ID_MATCH guard, so its entry is left
-# out at save, with a warning. aot_compile's load has no module to check the
-# values against (the module is an argument of each call), so a frozen
-# aot_compile'd function with folded parameters is refused at load.
+# out at save, with a warning. An aot_compile'd function has no module at load
+# (the module is the first argument of each call): its frozen graphs are
+# checked against the module a call passes, at the first call with that module
+# (AOTCompiledFunction._check_frozen_module); a module whose folded values
+# differ is refused there, with the same PackageError.
 
 
 @dataclasses.dataclass
