@@ -59,6 +59,7 @@ from .package_artifacts import (
     _write_atomically,
     capturing_frozen_graph,
     check_frozen_parameters,
+    folded_parameters,
     deserialize_graph,
     overlay_series_hash,
     PACKAGE_FORMAT_VERSION,
@@ -1263,6 +1264,8 @@ class CompilePackage:
                     raise PackageError(f"package {path}: {name}: {e}") from e
                 except Exception as e:
                     raise PackageError(f"package {path}: graph {artifact} is damaged: {e!r}"[:600]) from e
+                if not folded_parameters(graphs[artifact]):
+                    continue
                 if module is None and checks_at_call is not None:
                     # aot_compile: the module is the first argument of each call.
                     checks_at_call.append((graphs[artifact], f"{artifact} of {path}"))

@@ -662,11 +662,18 @@ def _frozen_parameters(record: _GraphRecord) -> dict[str, torch.Tensor]:
     return parameters
 
 
+def folded_parameters(graph) -> dict[str, torch.Tensor]:
+    """The saved values a loaded frozen graph's constants were folded from, by
+    their path under the module; empty for a graph that folded none."""
+    frozen = getattr(graph, "payload", {}).get("frozen")
+    return frozen["parameters"] if frozen is not None else {}
+
+
 def check_frozen_parameters(graph, module: Optional[torch.nn.Module], name: str) -> None:
     """Refuse a frozen graph whose folded parameters differ from ``module``'s
     (NOTE: [Parameters of frozen packages])."""
-    frozen = getattr(graph, "payload", {}).get("frozen")
-    if frozen is None or not frozen["parameters"]:
+    parameters = folded_parameters(graph)
+    if not parameters:
         return
     if module is None:
         raise PackageError(
@@ -676,7 +683,7 @@ def check_frozen_parameters(graph, module: Optional[torch.nn.Module], name: str)
         )
     live: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
     live.update(module.named_buffers(remove_duplicate=False))
-    for path, value in frozen["parameters"].items():
+    for path, value in parameters.items():
         current = live.get(path)
         if (
             current is None
