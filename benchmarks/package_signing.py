@@ -67,21 +67,10 @@ print("RESULT" + json.dumps({"phase_s": phase, "process_s": time.perf_counter() 
 
 
 def _keys(root: Path) -> tuple[str, str]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from torch._dynamo.package_trust import write_key_pair
 
-    key = ed25519.Ed25519PrivateKey.generate()
     private, public = root / "bench.pem", root / "bench.pub.pem"
-    private.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    public.write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
+    write_key_pair(private, public)
     return str(private), str(public)
 
 

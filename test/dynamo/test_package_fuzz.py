@@ -172,21 +172,10 @@ def _sha(data: bytes) -> str:
 
 
 def _write_keys(directory: Path) -> tuple[str, str]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from torch._dynamo.package_trust import write_key_pair
 
-    key = ed25519.Ed25519PrivateKey.generate()
     private, public = directory / "fuzz.pem", directory / "fuzz.pub.pem"
-    private.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    public.write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
+    write_key_pair(private, public)
     return str(private), str(public)
 
 

@@ -94,24 +94,10 @@ print("REPORT" + json.dumps(reports))
 
 
 def _write_keys(directory: Path, name: str) -> tuple[str, str]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from torch._dynamo.package_trust import write_key_pair
 
-    key = ed25519.Ed25519PrivateKey.generate()
-    private = directory / f"{name}.pem"
-    public = directory / f"{name}.pub.pem"
-    private.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    public.write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
+    private, public = directory / f"{name}.pem", directory / f"{name}.pub.pem"
+    write_key_pair(private, public)
     return str(private), str(public)
 
 
@@ -283,6 +269,23 @@ class PackageTrustTests(torch._dynamo.test_case.TestCase):
         # The signed copies load with the signature required.
         reports = self.load([(package, self.trusted(self.public)), (archive, self.trusted(self.public))])
         self.assertEqual(reports, [{"ok": True}, {"ok": True}])
+
+    def test_cli_keygen_makes_a_key_pair_that_signs_and_verifies(self):
+        key = self.root / "keygen-test.pem"
+        proc = self.cli("keygen", str(key))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(key.stat().st_mode & 0o777, 0o600)
+        # Never overwrites a key.
+        proc = self.cli("keygen", str(key))
+        self.assertEqual(proc.returncode, 1)
+        self.assertIn("never overwrites", proc.stderr)
+        package = self.copy("unsigned")
+        proc = self.cli("sign", str(package), "--key", str(key))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        proc = self.cli("verify", str(package), "--trusted-key", f"{key}.pub")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        proc = self.cli("verify", str(package), "--trusted-key", self.public)
+        self.assertEqual(proc.returncode, 1)
 
     def test_overlay_cli(self):
         try:

@@ -216,38 +216,65 @@ def _pem_der(data: bytes) -> Optional[bytes]:
         return None
 
 
-def load_private_key(path: str):
-    ed25519 = _ed25519()
-    data = _read_key_file(path, "signing")
+# What each kind of key file holds: the DER prefix of a raw Ed25519 key in it
+# (read directly, without cryptography's slower PEM loader), the DER length,
+# cryptography's class and loader for anything else, and what to call it.
+_KEY_KINDS = {
+    "signing": (_PKCS8_ED25519_PREFIX, 48, "Ed25519PrivateKey", "load_pem_private_key", "private"),
+    "trusted": (_SPKI_ED25519_PREFIX, 44, "Ed25519PublicKey", "load_pem_public_key", "public"),
+}
+
+
+def _load_key(path: str, kind: str):
+    """The Ed25519 key in the PEM file ``path`` (``kind``: "signing" or "trusted")."""
+    prefix, der_length, class_name, loader_name, described = _KEY_KINDS[kind]
+    key_class = getattr(_ed25519(), class_name)
+    data = _read_key_file(path, kind)
     der = _pem_der(data)
-    if der is not None and len(der) == 48 and der.startswith(_PKCS8_ED25519_PREFIX):
-        return ed25519.Ed25519PrivateKey.from_private_bytes(der[-32:])
+    if der is not None and len(der) == der_length and der.startswith(prefix):
+        raw = der[-32:]
+        if kind == "signing":
+            return key_class.from_private_bytes(raw)
+        return key_class.from_public_bytes(raw)
     from cryptography.hazmat.primitives import serialization
 
+    loader = getattr(serialization, loader_name)
     try:
-        key = serialization.load_pem_private_key(data, password=None)
+        key = loader(data, password=None) if kind == "signing" else loader(data)
     except (ValueError, TypeError) as e:
-        raise PackageError(f"signing key {path} is not a PEM private key: {e}") from e
-    if not isinstance(key, ed25519.Ed25519PrivateKey):
-        raise PackageError(f"signing key {path} is not an Ed25519 key")
+        raise PackageError(f"{kind} key {path} is not a PEM {described} key: {e}") from e
+    if not isinstance(key, key_class):
+        raise PackageError(f"{kind} key {path} is not an Ed25519 key")
     return key
+
+
+def load_private_key(path: str):
+    return _load_key(path, "signing")
 
 
 def load_public_key(path: str):
-    ed25519 = _ed25519()
-    data = _read_key_file(path, "trusted")
-    der = _pem_der(data)
-    if der is not None and len(der) == 44 and der.startswith(_SPKI_ED25519_PREFIX):
-        return ed25519.Ed25519PublicKey.from_public_bytes(der[-32:])
+    return _load_key(path, "trusted")
+
+
+def write_key_pair(private_path, public_path) -> None:
+    """A new Ed25519 key pair: the private key (PKCS#8 PEM, written readable by
+    its owner only) and its public key (SubjectPublicKeyInfo PEM)."""
     from cryptography.hazmat.primitives import serialization
 
-    try:
-        key = serialization.load_pem_public_key(data)
-    except (ValueError, TypeError) as e:
-        raise PackageError(f"trusted key {path} is not a PEM public key: {e}") from e
-    if not isinstance(key, ed25519.Ed25519PublicKey):
-        raise PackageError(f"trusted key {path} is not an Ed25519 key")
-    return key
+    key = _ed25519().Ed25519PrivateKey.generate()
+    private_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    fd = os.open(os.fspath(private_path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(private_pem)
+    Path(public_path).write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
 
 
 def key_fingerprint(public_key) -> str:
@@ -1015,13 +1042,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("inspect", help="entries, guards, kernels, sizes, environment, signer")
     p.add_argument("path")
     p.add_argument("--json", action="store_true")
+    p = sub.add_parser("keygen", help="write a new Ed25519 key pair: PATH and PATH.pub")
+    p.add_argument("path", help="the private key file to create (PEM); the public key goes to PATH.pub")
 
 
 def run(args) -> int:
     config = torch._dynamo.config
     path = Path(args.path)
     try:
-        if args.package_command == "sign":
+        if args.package_command == "keygen":
+            try:
+                write_key_pair(path, f"{path}.pub")
+            except FileExistsError as e:
+                raise PackageError(f"{path} exists: keygen never overwrites a key") from e
+            print(f"wrote {path} (private, mode 0600) and {path}.pub (public)")
+        elif args.package_command == "sign":
             key = args.key or config.package_signing_key
             if not key:
                 raise PackageError("no signing key: pass --key or set TORCH_COMPILE_PACKAGE_SIGNING_KEY")
