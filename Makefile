@@ -124,7 +124,7 @@ wheel: $(WHEEL_POINTER)
 $(WHEEL_STAMP): $(WHEEL_POINTER)
 	rm -rf $(WHEEL_VENV)
 	$(PYTHON_BOOT) -m venv $(WHEEL_VENV)
-	$(WHEEL_PY) -m pip install --quiet "$$(head -n 1 $(WHEEL_POINTER))" pytest expecttest numpy cryptography "moto[server]" s3fs
+	$(WHEEL_PY) -m pip install --quiet "$$(head -n 1 $(WHEEL_POINTER))" pytest expecttest numpy cryptography "moto[server]" "s3fs>=2024.1.0"
 	touch $@
 
 # The zoo's libraries next to the patched wheel: --no-deps keeps pip from

@@ -218,7 +218,14 @@ def _run_ranks(case: str, phase: str, workdir: Path, **args) -> list[dict]:
     """Run ``case``'s ``phase`` on WORLD_SIZE fresh processes; their results."""
     store = Path(tempfile.mkdtemp(dir=workdir)) / "store"
     cache = tempfile.mkdtemp(dir=workdir, prefix="inductor_cache_")
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "OMP_NUM_THREADS": "1"}
+    # One compile thread: Inductor's parallel compile forks workers, and a fork
+    # after gloo has started its threads can deadlock the child.
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": cache,
+        "OMP_NUM_THREADS": "1",
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+    }
     procs, outs = [], []
     for rank in range(WORLD_SIZE):
         out = workdir / f"{case}_{phase}_{rank}.json"
@@ -240,6 +247,14 @@ def _run_ranks(case: str, phase: str, workdir: Path, **args) -> list[dict]:
     try:
         for proc in procs:
             logs.append(proc.communicate(timeout=PHASE_TIMEOUT_S)[0])
+    except subprocess.TimeoutExpired as e:
+        for proc in procs:
+            proc.kill()
+        outputs = [proc.communicate()[0] for proc in procs]
+        raise AssertionError(
+            f"{case} {phase}: a rank did not finish in {PHASE_TIMEOUT_S} s; their output:\n"
+            + "\n".join(f"--- rank {r}:\n{(o or '')[-4000:]}" for r, o in enumerate(outputs))
+        ) from e
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -287,20 +287,6 @@ class PackageTrustTests(torch._dynamo.test_case.TestCase):
         proc = self.cli("verify", str(package), "--trusted-key", self.public)
         self.assertEqual(proc.returncode, 1)
 
-    def test_overlay_cli(self):
-        try:
-            import torch_overlay  # noqa: F401
-        except ImportError:
-            self.skipTest("the torch_overlay command line is not installed (patched wheel)")
-        package = self.copy("signed")
-        proc = self.cli("package", "verify", str(package), "--trusted-key", self.public, module="torch_overlay")
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertIn("verified", proc.stdout)
-        (package / "manifest.json.sig").write_text("{}")
-        proc = self.cli("package", "verify", str(package), "--trusted-key", self.public, module="torch_overlay")
-        self.assertEqual(proc.returncode, 1)
-        self.assertIn("malformed", proc.stderr)
-
 
 class PackageTrustUnitTests(torch._dynamo.test_case.TestCase):
     @parametrize(

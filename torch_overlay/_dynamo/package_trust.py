@@ -912,6 +912,8 @@ def _weights_only_globals() -> list:
 def _open_any(path: Path, check_environment=None) -> VerifiedPackage:
     if path.is_dir():
         return read_package(path, check_environment)
+    if not path.is_file():
+        raise PackageError(f"{path}: not a package directory or archive")
     with open(path, "rb") as f:
         return read_archive_files(f, path, check_environment)
 
