@@ -59,13 +59,13 @@ from .package_artifacts import (
     _write_atomically,
     capturing_frozen_graph,
     check_frozen_parameters,
-    folded_parameters,
+    check_manifest,
     deserialize_graph,
+    folded_parameters,
     overlay_series_hash,
     PACKAGE_FORMAT_VERSION,
     serialize_graph,
 )
-from .package_artifacts import check_manifest
 from .package_trust import (
     check_files,
     check_manifest_schema,
