@@ -359,6 +359,59 @@ class PackageTrustUnitTests(torch._dynamo.test_case.TestCase):
             parse_manifest(b"{not json", "<test>")
 
 
+class Ed25519BackendTests(torch._dynamo.test_case.TestCase):
+    """NOTE: [Ed25519 through the process's OpenSSL]: the OpenSSL backend and
+    cryptography make and accept the same signatures."""
+
+    def setUp(self):
+        super().setUp()
+        from torch._dynamo import package_trust
+
+        self.trust = package_trust
+        self.tmp = tempfile.mkdtemp(prefix="ed25519-test-")
+        package_trust.write_key_pair(f"{self.tmp}/key", f"{self.tmp}/key.pub")
+        self.private = package_trust.load_private_key(f"{self.tmp}/key")
+        self.public = package_trust.load_public_key(f"{self.tmp}/key.pub")
+        self.openssl = package_trust._OpenSSLEd25519.load()
+        if self.openssl is None:
+            self.skipTest("hashlib is not built on an OpenSSL with Ed25519 here")
+        self.cryptography = package_trust._CryptographyEd25519()
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        super().tearDown()
+
+    def test_openssl_is_used_where_hashlib_loaded_it(self):
+        self.assertIsInstance(self.trust.ed25519_backend(), self.trust._OpenSSLEd25519)
+
+    def test_backends_agree(self):
+        data = b'{"files": {}}' * 50
+        signature = self.openssl.sign(self.private, data)
+        self.assertEqual(len(signature), 64)
+        self.assertEqual(signature, self.cryptography.sign(self.private, data))
+        self.assertEqual(self.openssl.public_key(self.private), self.public)
+        self.assertEqual(self.cryptography.public_key(self.private), self.public)
+        for verifier in (self.openssl, self.cryptography):
+            self.assertTrue(verifier.verify(self.public, signature, data))
+            self.assertFalse(verifier.verify(self.public, signature, data + b" "))
+            self.assertFalse(verifier.verify(self.public, bytes([signature[0] ^ 1]) + signature[1:], data))
+            self.assertFalse(verifier.verify(self.public, bytes(64), data))
+
+    def test_another_key_does_not_verify(self):
+        self.trust.write_key_pair(f"{self.tmp}/other", f"{self.tmp}/other.pub")
+        other = self.trust.load_public_key(f"{self.tmp}/other.pub")
+        signature = self.openssl.sign(self.private, b"manifest")
+        self.assertFalse(self.openssl.verify(other, signature, b"manifest"))
+        self.assertFalse(self.cryptography.verify(other, signature, b"manifest"))
+
+    def test_sign_and_verify_manifest(self):
+        record = self.trust.sign_manifest(b"manifest", f"{self.tmp}/key")
+        signer = self.trust.verify_manifest(b"manifest", record, "<test>", trusted=[f"{self.tmp}/key.pub"], require=True)
+        self.assertEqual(signer, self.trust.key_fingerprint(self.public))
+        with self.assertRaises(self.trust.PackageSignatureError):
+            self.trust.verify_manifest(b"manifest!", record, "<test>", trusted=[f"{self.tmp}/key.pub"], require=True)
+
+
 instantiate_parametrized_tests(PackageTrustUnitTests)
 
 

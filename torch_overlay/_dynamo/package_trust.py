@@ -191,6 +191,151 @@ def _ed25519():
     return ed25519
 
 
+# NOTE: [Ed25519 through the process's OpenSSL]
+# Signing a manifest when a package is saved and verifying it when one is loaded
+# are fixed costs of every save and load. With cryptography they are dominated
+# by importing its Rust binding (4-10 ms: as long as saving a small package),
+# not by the signature (~0.1 ms). Python's hashlib has already loaded the
+# system's libcrypto into the process, and OpenSSL (1.1.1 and later) signs and
+# verifies Ed25519 with raw keys through four EVP calls: so that is what
+# signing and verifying use, through ctypes, when hashlib's libcrypto is loaded
+# and has Ed25519. Ed25519 (RFC 8032) is deterministic: both give the same
+# signature bytes for the same key and manifest, and each verifies the other's
+# (tested). cryptography stays for generating keys, for key files in PEM forms
+# other than plain PKCS#8 / SubjectPublicKeyInfo, and for a process whose
+# hashlib is not built on such an OpenSSL.
+ED25519_KEY_BYTES = 32
+ED25519_SIGNATURE_BYTES = 64
+
+
+class _OpenSSLEd25519:
+    """Ed25519 with raw keys through the libcrypto Python's hashlib loaded."""
+
+    NID_ED25519 = 1087  # OpenSSL's EVP_PKEY_ED25519
+    LIBRARY_NAMES = ("libcrypto.so.3", "libcrypto.so.1.1", "libcrypto.3.dylib")
+
+    def __init__(self, lib) -> None:
+        import ctypes
+
+        self._ctypes = ctypes
+        pointer, size, buffer = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
+        signatures = {
+            "EVP_PKEY_new_raw_private_key": (pointer, [ctypes.c_int, pointer, buffer, size]),
+            "EVP_PKEY_new_raw_public_key": (pointer, [ctypes.c_int, pointer, buffer, size]),
+            "EVP_PKEY_get_raw_public_key": (ctypes.c_int, [pointer, buffer, ctypes.POINTER(size)]),
+            "EVP_PKEY_free": (None, [pointer]),
+            "EVP_MD_CTX_new": (pointer, []),
+            "EVP_MD_CTX_free": (None, [pointer]),
+            "EVP_DigestSignInit": (ctypes.c_int, [pointer] * 5),
+            "EVP_DigestSign": (ctypes.c_int, [pointer, buffer, ctypes.POINTER(size), buffer, size]),
+            "EVP_DigestVerifyInit": (ctypes.c_int, [pointer] * 5),
+            "EVP_DigestVerify": (ctypes.c_int, [pointer, buffer, size, buffer, size]),
+        }
+        for name, (restype, argtypes) in signatures.items():
+            function = getattr(lib, name)  # AttributeError: an OpenSSL without it
+            function.restype, function.argtypes = restype, argtypes
+        self._lib = lib
+
+    @classmethod
+    def load(cls) -> Optional[_OpenSSLEd25519]:
+        """The backend, or None where hashlib's libcrypto is not loaded or lacks Ed25519."""
+        import ctypes
+
+        try:
+            import _hashlib  # noqa: F401  (loads libcrypto, if hashlib is built on it)
+        except ImportError:
+            return None
+        for name in cls.LIBRARY_NAMES:
+            try:
+                # RTLD_NOLOAD: only the libcrypto already in the process.
+                backend = cls(ctypes.CDLL(name, mode=os.RTLD_NOLOAD | ctypes.RTLD_LOCAL))
+            except (OSError, AttributeError):
+                continue
+            probe = backend._key(bytes(ED25519_KEY_BYTES), private=True)
+            if probe is not None:
+                backend._lib.EVP_PKEY_free(probe)
+                return backend
+        return None
+
+    def _key(self, raw: bytes, private: bool):
+        new_key = self._lib.EVP_PKEY_new_raw_private_key if private else self._lib.EVP_PKEY_new_raw_public_key
+        return new_key(self.NID_ED25519, None, raw, len(raw))
+
+    def _with_key(self, raw: bytes, private: bool, use):
+        key = self._key(raw, private)
+        if not key:
+            raise PackageError("OpenSSL refused an Ed25519 key of 32 bytes")
+        context = self._lib.EVP_MD_CTX_new()
+        try:
+            return use(key, context)
+        finally:
+            self._lib.EVP_MD_CTX_free(context)
+            self._lib.EVP_PKEY_free(key)
+
+    def sign(self, private_raw: bytes, data: bytes) -> bytes:
+        ctypes = self._ctypes
+
+        def sign_with(key, context) -> bytes:
+            signature = ctypes.create_string_buffer(ED25519_SIGNATURE_BYTES)
+            length = ctypes.c_size_t(ED25519_SIGNATURE_BYTES)
+            if self._lib.EVP_DigestSignInit(context, None, None, None, key) != 1 or (
+                self._lib.EVP_DigestSign(context, signature, ctypes.byref(length), data, len(data)) != 1
+            ):
+                raise PackageError("OpenSSL failed to sign the manifest with Ed25519")
+            return signature.raw[: length.value]
+
+        return self._with_key(private_raw, True, sign_with)
+
+    def public_key(self, private_raw: bytes) -> bytes:
+        ctypes = self._ctypes
+
+        def public_of(key, context) -> bytes:
+            public = ctypes.create_string_buffer(ED25519_KEY_BYTES)
+            length = ctypes.c_size_t(ED25519_KEY_BYTES)
+            if self._lib.EVP_PKEY_get_raw_public_key(key, public, ctypes.byref(length)) != 1:
+                raise PackageError("OpenSSL failed to derive the Ed25519 public key")
+            return public.raw[: length.value]
+
+        return self._with_key(private_raw, True, public_of)
+
+    def verify(self, public_raw: bytes, signature: bytes, data: bytes) -> bool:
+        def verify_with(key, context) -> bool:
+            if self._lib.EVP_DigestVerifyInit(context, None, None, None, key) != 1:
+                return False
+            return self._lib.EVP_DigestVerify(context, signature, len(signature), data, len(data)) == 1
+
+        return self._with_key(public_raw, False, verify_with)
+
+
+class _CryptographyEd25519:
+    """Ed25519 with raw keys through the cryptography package."""
+
+    def sign(self, private_raw: bytes, data: bytes) -> bytes:
+        return _ed25519().Ed25519PrivateKey.from_private_bytes(private_raw).sign(data)
+
+    def public_key(self, private_raw: bytes) -> bytes:
+        return _ed25519().Ed25519PrivateKey.from_private_bytes(private_raw).public_key().public_bytes_raw()
+
+    def verify(self, public_raw: bytes, signature: bytes, data: bytes) -> bool:
+        from cryptography.exceptions import InvalidSignature
+
+        try:
+            _ed25519().Ed25519PublicKey.from_public_bytes(public_raw).verify(signature, data)
+        except InvalidSignature:
+            return False
+        return True
+
+
+_ED25519_BACKEND: list = []
+
+
+def ed25519_backend():
+    """What signs and verifies (NOTE: [Ed25519 through the process's OpenSSL])."""
+    if not _ED25519_BACKEND:
+        _ED25519_BACKEND.append(_OpenSSLEd25519.load() or _CryptographyEd25519())
+    return _ED25519_BACKEND[0]
+
+
 def _read_key_file(path: str, what: str) -> bytes:
     try:
         with open(path, "rb") as f:
@@ -225,17 +370,14 @@ _KEY_KINDS = {
 }
 
 
-def _load_key(path: str, kind: str):
-    """The Ed25519 key in the PEM file ``path`` (``kind``: "signing" or "trusted")."""
+def _load_key(path: str, kind: str) -> bytes:
+    """The raw Ed25519 key in the PEM file ``path`` (``kind``: "signing" or "trusted")."""
     prefix, der_length, class_name, loader_name, described = _KEY_KINDS[kind]
-    key_class = getattr(_ed25519(), class_name)
     data = _read_key_file(path, kind)
     der = _pem_der(data)
     if der is not None and len(der) == der_length and der.startswith(prefix):
-        raw = der[-32:]
-        if kind == "signing":
-            return key_class.from_private_bytes(raw)
-        return key_class.from_public_bytes(raw)
+        return der[-ED25519_KEY_BYTES:]
+    key_class = getattr(_ed25519(), class_name)
     from cryptography.hazmat.primitives import serialization
 
     loader = getattr(serialization, loader_name)
@@ -245,14 +387,16 @@ def _load_key(path: str, kind: str):
         raise PackageError(f"{kind} key {path} is not a PEM {described} key: {e}") from e
     if not isinstance(key, key_class):
         raise PackageError(f"{kind} key {path} is not an Ed25519 key")
-    return key
+    return key.private_bytes_raw() if kind == "signing" else key.public_bytes_raw()
 
 
-def load_private_key(path: str):
+def load_private_key(path: str) -> bytes:
+    """The raw 32 bytes of the Ed25519 private key in PEM file ``path``."""
     return _load_key(path, "signing")
 
 
-def load_public_key(path: str):
+def load_public_key(path: str) -> bytes:
+    """The raw 32 bytes of the Ed25519 public key in PEM file ``path``."""
     return _load_key(path, "trusted")
 
 
@@ -277,9 +421,9 @@ def write_key_pair(private_path, public_path) -> None:
     )
 
 
-def key_fingerprint(public_key) -> str:
-    """``ed25519:<first 16 hex digits of the raw key's sha256>``: names a signer."""
-    return "ed25519:" + hashlib.sha256(public_key.public_bytes_raw()).hexdigest()[:16]
+def key_fingerprint(public_raw: bytes) -> str:
+    """``ed25519:<first 16 hex digits of the raw public key's sha256>``: names a signer."""
+    return "ed25519:" + hashlib.sha256(public_raw).hexdigest()[:16]
 
 
 def sign_manifest(data: bytes, key_file: Optional[str] = None) -> Optional[bytes]:
@@ -288,12 +432,13 @@ def sign_manifest(data: bytes, key_file: Optional[str] = None) -> Optional[bytes
     key_file = key_file or torch._dynamo.config.package_signing_key
     if not key_file:
         return None
-    key = load_private_key(key_file)
+    private = load_private_key(key_file)
+    backend = ed25519_backend()
     record = {
         "format": SIGNATURE_FORMAT,
         "algorithm": "ed25519",
-        "signer": key_fingerprint(key.public_key()),
-        "signature": base64.b64encode(key.sign(data)).decode(),
+        "signer": key_fingerprint(backend.public_key(private)),
+        "signature": base64.b64encode(backend.sign(private, data)).decode(),
     }
     return json.dumps(record, sort_keys=True).encode()
 
@@ -306,7 +451,7 @@ def _parse_signature(signature: bytes, where) -> tuple[str, bytes]:
         if record.get("algorithm") != "ed25519" or not isinstance(record.get("signer"), str):
             raise ValueError("not an ed25519 signature")
         raw = base64.b64decode(record["signature"], validate=True)
-        if len(raw) != 64:
+        if len(raw) != ED25519_SIGNATURE_BYTES:
             raise ValueError(f"{len(raw)} signature bytes, not 64")
     except (ValueError, TypeError, KeyError, RecursionError) as e:
         raise PackageSignatureError(f"package {where}: {SIGNATURE_FILE} is malformed: {e}") from None
@@ -336,15 +481,11 @@ def verify_manifest(data: bytes, signature: Optional[bytes], where, trusted=None
             )
         log.info("package %s is signed by %s; no trusted keys configured to check it", where, claimed)
         return None
-    from cryptography.exceptions import InvalidSignature
-
+    backend = ed25519_backend()
     for key_file in trusted:
-        key = load_public_key(key_file)
-        try:
-            key.verify(raw, data)
-        except InvalidSignature:
-            continue
-        return key_fingerprint(key)
+        public = load_public_key(key_file)
+        if backend.verify(public, raw, data):
+            return key_fingerprint(public)
     raise PackageSignatureError(
         f"package {where}: the signature of {MANIFEST} (signer {claimed[:40]!r}) does not "
         f"verify against any of the {len(trusted)} trusted keys: the manifest was changed "
