@@ -104,7 +104,7 @@ test-overlay: venv
 	mkdir -p $(BUILD)/junit
 	TORCH_OVERLAY=1 TORCH_OVERLAY_EXPECT=overlay $(PY) -m pytest test --junitxml=$(BUILD)/junit/overlay.xml $(PYTEST_ARGS)
 
-# The patched wheel: dist/torch-$(BASE_TORCH)+overlay.<series hash>-<tags>.whl, and a
+# The patched wheel: dist/torch-$(BASE_TORCH)+overlay.<YYYYMMDD>.<series hash>-<tags>.whl, and a
 # fresh venv holding it (and neither torch_overlay nor the overlay's .pth) to test it in.
 WHEEL_VENV := $(BUILD)/wheel-venv
 WHEEL_PY := $(abspath $(WHEEL_VENV))/bin/python
@@ -223,6 +223,42 @@ FUZZ_CASES ?= 2000
 FUZZ_SEED ?= 1515
 fuzz: venv
 	FUZZ_CASES=$(FUZZ_CASES) FUZZ_SEED=$(FUZZ_SEED) TORCH_OVERLAY=1 $(PY) -m pytest test/dynamo/test_package_fuzz.py -q -s
+
+# Nightly builds (.github/workflows/nightly.yml; README "Nightly builds").
+# publish: the patched wheel into the PEP 503 index INDEX (build_scripts/publish_index.py);
+# publish-check: pip installs torch from that index into a fresh venv, and imports it.
+# rebase-check: the series carried onto torch BASE (a release, e.g. 2.9.1) by 3-way
+# merge (torch_overlay/_overlay/rebase_check.py); reports in $(REBASE_REPORTS).
+.PHONY: publish publish-check rebase-check
+REBASE_REPORTS := nightly/rebase-reports
+PUBLISH_CHECK_VENV := $(BUILD)/index-venv
+
+ifneq ($(filter publish publish-check,$(MAKECMDGOALS)),)
+ifeq ($(INDEX),)
+$(error make $(filter publish publish-check,$(MAKECMDGOALS)) needs INDEX=DIR, the index directory)
+endif
+endif
+ifneq ($(filter rebase-check,$(MAKECMDGOALS)),)
+ifeq ($(BASE),)
+$(error make rebase-check needs BASE=X.Y.Z, the torch release to carry the series onto)
+endif
+endif
+
+publish: wheel
+	$(PY) build_scripts/publish_index.py --index $(INDEX) "$$(head -n 1 $(WHEEL_POINTER))"
+
+# The index holds only the patched torch: it is installed from there alone
+# (--no-deps), then its dependencies from the usual index (the installed torch
+# satisfies torch==$(BASE_TORCH), so pip keeps it).
+publish-check:
+	rm -rf $(PUBLISH_CHECK_VENV)
+	$(PYTHON_BOOT) -m venv $(PUBLISH_CHECK_VENV)
+	$(PUBLISH_CHECK_VENV)/bin/python -m pip install --quiet --no-deps --index-url "file://$(abspath $(INDEX))/simple" "torch==$(BASE_TORCH)"
+	$(PUBLISH_CHECK_VENV)/bin/python -m pip install --quiet "torch==$(BASE_TORCH)"
+	cd $(PUBLISH_CHECK_VENV) && env -u TORCH_OVERLAY ./bin/python -P -c "import torch, torch._dynamo.package; assert '+overlay.' in torch.__version__, torch.__version__; print(torch.__version__)"
+
+rebase-check: $(STAMP)
+	$(PY) -m torch_overlay rebase-check $(BASE) --json $(REBASE_REPORTS)/$(BASE).json --markdown $(REBASE_REPORTS)/$(BASE).md
 
 status: venv
 	$(PY) -m torch_overlay status

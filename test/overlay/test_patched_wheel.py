@@ -27,7 +27,13 @@ if HAS_OVERLAY:
 
     BASE = series.base_version()
     SERIES_HASH = series.series_hash()
-    VERSION = f"{BASE}+overlay.{SERIES_HASH[:12]}"
+    # The version build_wheel.py stamps (NOTE: [Patched wheel version] there).
+    _spec = importlib.util.spec_from_file_location(
+        "build_wheel", series.REPO_ROOT / "build_scripts" / "build_wheel.py"
+    )
+    build_wheel = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(build_wheel)
+    VERSION = build_wheel.overlay_version(BASE, SERIES_HASH, build_wheel.source_date_epoch())
     WHEELS = sorted((series.REPO_ROOT / "dist").glob(f"torch-{VERSION}-*.whl"))
 else:
     WHEELS = []

@@ -1,4 +1,5 @@
-"""``python -m torch_overlay``: status, edit, refresh, materialize, install-pth, package."""
+"""``python -m torch_overlay``: status, edit, refresh, materialize, install-pth, package,
+rebase-check."""
 
 from __future__ import annotations
 
@@ -98,6 +99,18 @@ def _package(args) -> int:
     return package_trust.main(args.package_args)
 
 
+def _rebase_check(args) -> int:
+    from . import rebase_check
+
+    json_path = args.json or rebase_check.DEFAULT_CACHE_ROOT / args.release / "report.json"
+    report = rebase_check.run(
+        args.release, args.cache_dir, args.base_wheel_dir, json_path, args.markdown
+    )
+    print(report.table(), end="")
+    print(f"report: {json_path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_overlay", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -120,6 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("package", help="sign, verify or inspect a compile package (torch._dynamo.package_trust)")
     p.add_argument("package_args", nargs=argparse.REMAINDER, help="sign|verify|inspect PATH ...")
     p.set_defaults(fn=_package)
+    p = sub.add_parser("rebase-check", help="carry the series onto another torch release and report per patch")
+    p.add_argument("release", help="the torch release to check, e.g. 2.9.1")
+    p.add_argument("--json", type=Path, help="where to write the JSON report (default: build/rebase/RELEASE/report.json)")
+    p.add_argument("--markdown", type=Path, help="where to write the report's table as markdown")
+    p.add_argument("--cache-dir", type=Path, default=series.REPO_ROOT / "build" / "rebase",
+                   help="where releases' wheels are downloaded, one directory each")
+    p.add_argument("--base-wheel-dir", type=Path, default=series.REPO_ROOT / "build" / "wheel-src",
+                   help="where the base release's wheel is (build_scripts/build_wheel.py downloads it there)")
+    p.set_defaults(fn=_rebase_check)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
