@@ -2,8 +2,8 @@
 Ed25519 signature (torch/_dynamo/package_trust.py), in fresh processes.
 
 Each run is a fresh interpreter (TORCH_OVERLAY=1 where the overlay is used)
-that compiles a small MLP, then times ``save_package()`` (eager backend: the
-cheapest save, so signing weighs most), and one that times ``load_package()``
+that compiles a small MLP, then times ``save_package()`` (the eager backend's is
+the cheapest save, so signing weighs most there), and one that times ``load_package()``
 plus the first call and the whole process, for an eager and an Inductor
 package, with ``package_require_signature`` on for the signed ones. Modes
 alternate run by run; the result is min and median of each, and signed /
@@ -132,8 +132,7 @@ def main() -> int:
             # series, which may change while a long benchmark runs.
             for backend in ("eager", "inductor"):
                 saved, loaded = _save_then_load(root, backend, root / f"{backend}-{mode}-{run}", save_env, load_env)
-                if backend == "eager":
-                    samples.setdefault(("save eager", "save_package()", mode), []).append(saved["phase_s"])
+                samples.setdefault((f"save {backend}", "save_package()", mode), []).append(saved["phase_s"])
                 samples.setdefault((f"load {backend}", "load_package() + first call", mode), []).append(loaded["phase_s"])
                 samples.setdefault((f"load {backend}", "fresh process, start to first output", mode), []).append(loaded["process_s"])
         print(f"run {run + 1}/{args.runs} done", file=sys.stderr)

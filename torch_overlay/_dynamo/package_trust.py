@@ -272,31 +272,25 @@ class _OpenSSLEd25519:
             self._lib.EVP_MD_CTX_free(context)
             self._lib.EVP_PKEY_free(key)
 
-    def sign(self, private_raw: bytes, data: bytes) -> bytes:
+    def sign(self, private_raw: bytes, data: bytes) -> tuple[bytes, bytes]:
+        """The signature of ``data`` and the raw public key of ``private_raw``."""
         ctypes = self._ctypes
 
-        def sign_with(key, context) -> bytes:
+        def sign_with(key, context) -> tuple[bytes, bytes]:
             signature = ctypes.create_string_buffer(ED25519_SIGNATURE_BYTES)
             length = ctypes.c_size_t(ED25519_SIGNATURE_BYTES)
-            if self._lib.EVP_DigestSignInit(context, None, None, None, key) != 1 or (
-                self._lib.EVP_DigestSign(context, signature, ctypes.byref(length), data, len(data)) != 1
+            public = ctypes.create_string_buffer(ED25519_KEY_BYTES)
+            public_length = ctypes.c_size_t(ED25519_KEY_BYTES)
+            lib = self._lib
+            if (
+                lib.EVP_DigestSignInit(context, None, None, None, key) != 1
+                or lib.EVP_DigestSign(context, signature, ctypes.byref(length), data, len(data)) != 1
+                or lib.EVP_PKEY_get_raw_public_key(key, public, ctypes.byref(public_length)) != 1
             ):
                 raise PackageError("OpenSSL failed to sign the manifest with Ed25519")
-            return signature.raw[: length.value]
+            return signature.raw[: length.value], public.raw[: public_length.value]
 
         return self._with_key(private_raw, True, sign_with)
-
-    def public_key(self, private_raw: bytes) -> bytes:
-        ctypes = self._ctypes
-
-        def public_of(key, context) -> bytes:
-            public = ctypes.create_string_buffer(ED25519_KEY_BYTES)
-            length = ctypes.c_size_t(ED25519_KEY_BYTES)
-            if self._lib.EVP_PKEY_get_raw_public_key(key, public, ctypes.byref(length)) != 1:
-                raise PackageError("OpenSSL failed to derive the Ed25519 public key")
-            return public.raw[: length.value]
-
-        return self._with_key(private_raw, True, public_of)
 
     def verify(self, public_raw: bytes, signature: bytes, data: bytes) -> bool:
         def verify_with(key, context) -> bool:
@@ -310,11 +304,10 @@ class _OpenSSLEd25519:
 class _CryptographyEd25519:
     """Ed25519 with raw keys through the cryptography package."""
 
-    def sign(self, private_raw: bytes, data: bytes) -> bytes:
-        return _ed25519().Ed25519PrivateKey.from_private_bytes(private_raw).sign(data)
-
-    def public_key(self, private_raw: bytes) -> bytes:
-        return _ed25519().Ed25519PrivateKey.from_private_bytes(private_raw).public_key().public_bytes_raw()
+    def sign(self, private_raw: bytes, data: bytes) -> tuple[bytes, bytes]:
+        """The signature of ``data`` and the raw public key of ``private_raw``."""
+        key = _ed25519().Ed25519PrivateKey.from_private_bytes(private_raw)
+        return key.sign(data), key.public_key().public_bytes_raw()
 
     def verify(self, public_raw: bytes, signature: bytes, data: bytes) -> bool:
         from cryptography.exceptions import InvalidSignature
@@ -432,13 +425,12 @@ def sign_manifest(data: bytes, key_file: Optional[str] = None) -> Optional[bytes
     key_file = key_file or torch._dynamo.config.package_signing_key
     if not key_file:
         return None
-    private = load_private_key(key_file)
-    backend = ed25519_backend()
+    signature, public = ed25519_backend().sign(load_private_key(key_file), data)
     record = {
         "format": SIGNATURE_FORMAT,
         "algorithm": "ed25519",
-        "signer": key_fingerprint(backend.public_key(private)),
-        "signature": base64.b64encode(backend.sign(private, data)).decode(),
+        "signer": key_fingerprint(public),
+        "signature": base64.b64encode(signature).decode(),
     }
     return json.dumps(record, sort_keys=True).encode()
 
