@@ -31,8 +31,11 @@ unless ``--force`` is given or its added files no longer match ``torch_overlay/`
 # wheel spec recommends); modes are 0644, or 0755 for a file with any execute bit;
 # RECORD lists the files in archive order. Deflate runs at zlib's default level, so
 # a different zlib could compress differently: reproducible on one builder image.
-# The compiled extension is shipped as built: a compiler that embeds build paths or
-# times would break this, which the nightly's two builds would show.
+# The compiled extension is shipped as built, so the wheel is as reproducible as its
+# build: gcc records the absolute paths of the sources and torch headers it compiled
+# (__FILE__ in assertion messages), so two checkouts in different directories build
+# different extensions, and different wheels, unless it is compiled with
+# -ffile-prefix-map. The same checkout rebuilding gives the same bytes.
 """
 
 from __future__ import annotations

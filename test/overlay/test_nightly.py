@@ -422,6 +422,21 @@ class TestRebaseCheck(TestCase):
         self.assertIn("2 clean, 1 offset, 1 conflict, 2 upstream; 1 of 2 mirrored modules collide", table)
         self.assertRegex(table, r"(?m)^torch/_dynamo/package\.py +collides +torch 9\.9\.9 has it \(differs\)$")
         self.assertIn("| `3-conflict.patch` | conflict | torch/clash.py (1 hunk(s)) |", report.markdown())
+        older = {**data, "target": "1.10.0", "modules": [], "patches": data["patches"][:1]}
+        self.assertEqual(
+            rebase_check.matrix_markdown([data, older]).splitlines(),
+            [
+                "| patch / mirrored module | torch 1.10.0 | torch 9.9.9 |",
+                "|---|---|---|",
+                "| `1-clean.patch` | clean | clean |",
+                "| `2-offset.patch` | - | offset: 1 hunk(s) at other lines |",
+                "| `3-conflict.patch` | - | conflict: 1 hunk(s) in 1 file(s) |",
+                "| `4-upstream.patch` | - | upstream (reverse-applies) |",
+                "| `5-present.patch` | - | upstream (every added line present) |",
+                "| `6-on-top.patch` | - | clean |",
+                "| `torch/_dynamo/package.py` | new | collides |",
+            ],
+        )
 
 
 @unittest.skipIf(not HAS_OVERLAY, "needs torch_overlay (not installed next to the wheel)")

@@ -102,6 +102,12 @@ def _package(args) -> int:
 def _rebase_check(args) -> int:
     from . import rebase_check
 
+    if args.matrix:
+        reports = [json.loads(path.read_text()) for path in args.matrix]
+        print(rebase_check.matrix_markdown(reports), end="")
+        return 0
+    if not args.release:
+        raise OverlayError("rebase-check needs a torch release (or --matrix REPORT.json...)")
     json_path = args.json or rebase_check.DEFAULT_CACHE_ROOT / args.release / "report.json"
     report = rebase_check.run(
         args.release, args.cache_dir, args.base_wheel_dir, json_path, args.markdown
@@ -134,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("package_args", nargs=argparse.REMAINDER, help="sign|verify|inspect PATH ...")
     p.set_defaults(fn=_package)
     p = sub.add_parser("rebase-check", help="carry the series onto another torch release and report per patch")
-    p.add_argument("release", help="the torch release to check, e.g. 2.9.1")
+    p.add_argument("release", nargs="?", help="the torch release to check, e.g. 2.9.1")
+    p.add_argument("--matrix", type=Path, nargs="+", metavar="REPORT",
+                   help="print one markdown table of these JSON reports instead")
     p.add_argument("--json", type=Path, help="where to write the JSON report (default: build/rebase/RELEASE/report.json)")
     p.add_argument("--markdown", type=Path, help="where to write the report's table as markdown")
     p.add_argument("--cache-dir", type=Path, default=series.REPO_ROOT / "build" / "rebase",

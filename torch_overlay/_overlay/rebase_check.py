@@ -225,6 +225,43 @@ class RebaseReport:
         return "\n".join(lines) + "\n"
 
 
+def _cell(patch: dict) -> str:
+    """One patch's state in a release, briefly (for :func:`matrix_markdown`)."""
+    if patch["status"] == "conflict":
+        files = [f for f in patch["files"] if f["status"] == "conflict"]
+        hunks = sum(len(f["conflicts"]) for f in files)
+        missing = sum(f["note"] == "missing" for f in files)
+        text = f"conflict: {hunks} hunk(s) in {len(files) - missing} file(s)" if hunks else "conflict"
+        return text + (f", {missing} file(s) missing" if missing else "")
+    if patch["status"] == "offset":
+        return f"offset: {patch['how']}"
+    if patch["status"] == "upstream":
+        return f"upstream ({patch['how']})"
+    return patch["status"]
+
+
+def matrix_markdown(reports: list[dict]) -> str:
+    """One markdown table of several releases' JSON reports: a row per patch and per
+    mirrored module that collides somewhere, a column per release."""
+    reports = sorted(reports, key=lambda r: [int(x) if x.isdigit() else x for x in r["target"].split(".")])
+    header = "| patch / mirrored module | " + " | ".join(f"torch {r['target']}" for r in reports) + " |"
+    lines = [header, "|---" * (len(reports) + 1) + "|"]
+    by_release = [{p["name"]: p for p in r["patches"]} for r in reports]
+    names = list(dict.fromkeys(p["name"] for r in reports for p in r["patches"]))
+    for name in names:
+        cells = [_cell(patches[name]) if name in patches else "-" for patches in by_release]
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    modules = [{m["path"]: m for m in r["modules"]} for r in reports]
+    colliding = sorted({m["path"] for r in reports for m in r["modules"] if m["collides"]})
+    for path in colliding:
+        cells = []
+        for release_modules in modules:
+            m = release_modules.get(path)
+            cells.append(("collides" + (" (identical)" if m["identical"] else "")) if m and m["collides"] else "new")
+        lines.append(f"| `{path}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # ---------------------------------------------------------------------------
 # Carrying one patch
 
