@@ -70,6 +70,9 @@ class _StandInConverter:
         self._guards = guards
         self._guard_types_by_name: Optional[dict[str, list[str]]] = None
         self._class_names: dict[type, Any] = {}
+        # What TENSOR_MATCH reads from the tensor made of each kind of tensor
+        # stand-in (see _check_tensor_stand_in).
+        self.tensor_kinds_seen: dict[tuple, tuple] = {}
 
     @property
     def guard_types_by_name(self) -> dict[str, list[str]]:
@@ -565,7 +568,7 @@ class _TensorCodec(StandInCodec):
             is_inference=bool(obj.is_inference()),
             subclass=subclass_ref,
         )
-        _check_reproduced(converter, obj, _make_tensor(stand_in), path)
+        _check_tensor_stand_in(converter, obj, stand_in, path)
         converter.memo[id(obj)] = stand_in
         return stand_in
 
@@ -608,24 +611,43 @@ def _tensor_attrs(converter, t: torch.Tensor, path: str) -> dict:
     }
 
 
-def _check_reproduced(converter, t: torch.Tensor, proxy: torch.Tensor, path: str) -> None:
-    """TENSOR_MATCH compares what it reads from the stand-in: it must agree."""
+def _seen_by_tensor_match(x: torch.Tensor, dispatch_keys=None) -> tuple:
+    """What TENSOR_MATCH reads from a tensor that a stand-in must reproduce."""
+    if dispatch_keys is None:
+        dispatch_keys = _dispatch_key_names(x)
+    return (type(x).__qualname__, dispatch_keys, bool(x.requires_grad), x.dtype, x.device)
 
-    def seen(x):
-        return (
-            type(x).__qualname__,
-            _dispatch_key_names(x),
-            bool(x.requires_grad),
-            x.dtype,
-            x.device,
-        )
 
-    if seen(proxy) != seen(t):
+def _check_tensor_stand_in(
+    converter, t: torch.Tensor, stand_in: _TensorStandIn, path: str
+) -> None:
+    """_check_reproduced of a plain stand-in. The tensor made from a stand-in
+    depends only on the fields _make_tensor reads, so it is made once per kind of
+    stand-in in a save (the parameters of a model are a handful of kinds), and
+    the keys of ``t`` are the ones the stand-in holds."""
+    kind = (
+        stand_in.dtype, stand_in.device, stand_in.requires_grad, stand_in.is_parameter,
+        stand_in.conj, stand_in.neg, stand_in.ndim, stand_in.functorch_wrapper,
+        stand_in.is_inference, stand_in.subclass,
+    )
+    seen_proxy = converter.tensor_kinds_seen.get(kind)
+    if seen_proxy is None:
+        seen_proxy = _seen_by_tensor_match(_make_tensor(stand_in))
+        converter.tensor_kinds_seen[kind] = seen_proxy
+    _check_reproduced(
+        converter, _seen_by_tensor_match(t, stand_in.dispatch_keys), seen_proxy, path
+    )
+
+
+def _check_reproduced(converter, seen_t: tuple, seen_proxy: tuple, path: str) -> None:
+    """TENSOR_MATCH compares what it reads from the stand-in: it must agree
+    (``seen_*``: _seen_by_tensor_match of the tensor and of its stand-in)."""
+    if seen_proxy != seen_t:
         raise converter.refusal(
             path,
             f"a stand-in tensor cannot reproduce what the guard reads from it "
-            f"(type, dispatch keys, requires_grad, dtype, device): {seen(t)} "
-            f"became {seen(proxy)}; sparse, nested and quantized inputs are not "
+            f"(type, dispatch keys, requires_grad, dtype, device): {seen_t} "
+            f"became {seen_proxy}; sparse, nested and quantized inputs are not "
             "supported",
             ("TENSOR_MATCH",),
         )
@@ -681,7 +703,9 @@ class _WrapperSubclassCodec(StandInCodec):
                 f"__tensor_unflatten__ from stand-ins of its inner tensors ({e!r:.200})",
                 ("TENSOR_MATCH", "TENSOR_SUBCLASS_METADATA_MATCH"),
             ) from e
-        _check_reproduced(converter, t, proxy, path)
+        _check_reproduced(
+            converter, _seen_by_tensor_match(t), _seen_by_tensor_match(proxy), path
+        )
         return stand_in
 
     @staticmethod
