@@ -63,6 +63,7 @@ from __future__ import annotations
 import builtins
 import collections
 import contextlib
+import copyreg
 import dataclasses
 import enum
 import functools
@@ -77,6 +78,7 @@ from typing import Any, Optional
 
 import torch
 from torch._dynamo.exc import PackageError
+from torch.utils.weak import TensorWeakRef
 
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,8 @@ log = logging.getLogger(__name__)
 # 4: stand-ins live in torch._dynamo.guard_serialization_codecs; a named dict
 # key or set item is a (frozen) _NamedRef, not a ("__named__", module, path)
 # tuple, and so is the class of a frozen-dataclass key.
-GUARDS_STATE_FORMAT_VERSION = 4
+# 5: a saved guard is an (originating_source, create_fn) pair, not a Guard.
+GUARDS_STATE_FORMAT_VERSION = 5
 
 # Guard types refused whatever the guarded value: they have no meaning in another
 # process. Every other guard type serializes, or is refused for a specific value
@@ -530,6 +533,15 @@ def guard_type_names(guard) -> list[str]:
     return names
 
 
+def has_guard_type(guard, guard_type: str) -> bool:
+    """``guard_type in guard_type_names(guard)``, without making the list (asked
+    of every guard of every saved frame)."""
+    create_fn = guard.create_fn
+    while isinstance(create_fn, functools.partial):
+        create_fn = create_fn.func
+    return create_fn.__name__ == guard_type or guard_type in (guard.guard_types or ())
+
+
 def _dispatch_key_set_from_raw(raw: int, start):
     """A DispatchKeySet whose ``raw_repr()`` is ``raw``, made from ``start`` (2.7.1
     has no ``from_raw_repr``, and a few keys, e.g. AutocastXLA, have no Python
@@ -689,6 +701,8 @@ class OutputGraphGuardsState:
     A loaded CheckFunctionManager reads it exactly where a compiling one reads the
     OutputGraph (``local_scope``, ``guards``, ``input_source_to_sizes_strides``...).
     ``values`` is the recorded ``name -> value`` table of the GuardBuilder.
+    ``guards`` holds ``(originating_source, create_fn)`` pairs as saved, and the
+    Guards rebuilt from them once :func:`load_guards_state` read the state.
     """
 
     local_scope: dict
@@ -718,9 +732,12 @@ class GuardsState:
     shape_code_parts: Optional[tuple]  # (python exprs, verbose exprs) or None
 
 
-def _strip_guard(guard):
-    from torch.utils.weak import TensorWeakRef
-
+def _saved_guard(guard) -> tuple:
+    """A guard as it is saved: ``(originating_source, create_fn)``, what a Guard is
+    rebuilt from (see _loaded_guards). Every other field (export info, stacks, the
+    cached hash) starts empty, as a new Guard's do. A pair, not a Guard: this runs
+    for every guard of every saved frame, and a Guard costs ten times more to make
+    and three times more to pickle."""
     create_fn = guard.create_fn
     if isinstance(create_fn, functools.partial) and isinstance(
         create_fn.keywords.get("value"), TensorWeakRef
@@ -728,11 +745,31 @@ def _strip_guard(guard):
         # The builder falls back to get(name) for the value: the recorded one.
         kwargs = {k: v for k, v in create_fn.keywords.items() if k != "value"}
         create_fn = functools.partial(create_fn.func, *create_fn.args, **kwargs)
-    # Only the source and the builder method are saved; every other field
-    # (export info, stacks, the cached hash) starts empty, as a new Guard's do.
-    # (The constructor, not dataclasses.replace: this runs for every guard of
-    # every saved frame, and replace costs several times more.)
-    return type(guard)(guard.originating_source, create_fn)
+    return (guard.originating_source, create_fn)
+
+
+def _loaded_guards(saved: list) -> list:
+    """The Guards of saved ``(originating_source, create_fn)`` pairs (a Guard is
+    kept as it is: a state of an older format holds Guards, and is refused by
+    its format version, not here)."""
+    from torch._guards import Guard, Source
+
+    guards = []
+    for entry in saved:
+        if isinstance(entry, Guard):
+            guards.append(entry)
+        elif (
+            type(entry) is tuple
+            and len(entry) == 2
+            and isinstance(entry[0], Source)
+            and callable(entry[1])
+        ):
+            guards.append(Guard(entry[0], entry[1]))
+        else:
+            raise PackageError(
+                f"guards state is damaged: a saved guard is a {type(entry).__qualname__}"
+            )
+    return guards
 
 
 _NOT_RECORDED = object()
@@ -742,9 +779,14 @@ def refuse_local_class_type_matches(guards, recorded_values: dict) -> None:
     """TYPE_MATCH compares the class itself: refused for a class defined in local
     scope (see NOTE: [Classes defined in local scope]). Checked before any value
     is converted, so this is the error a user sees, as upstream raises it first."""
+    classes = {id(type(v)): type(v) for v in recorded_values.values()}
+    if not any(_is_local_class(cls) for cls in classes.values()):
+        # No recorded value is an instance of a local class: no guard to refuse,
+        # and no guard's name (built from its source each time) is needed.
+        return
     for guard in guards:
         # The type test first: a guard's name is built from its source each time.
-        if "TYPE_MATCH" not in guard_type_names(guard):
+        if not has_guard_type(guard, "TYPE_MATCH"):
             continue
         value = recorded_values.get(guard.name, _NOT_RECORDED)
         if value is _NOT_RECORDED:
@@ -792,17 +834,28 @@ def _saved_sizes_strides(output_graph, guards) -> dict:
     only reader of input_source_to_sizes_strides)."""
     from torch._dynamo.guards import convert_to_concrete_values
 
-    guard_sources = {
-        g.originating_source for g in guards if "TENSOR_MATCH" in guard_type_names(g)
-    }
-    return {
-        source: {
+    if not output_graph.input_source_to_sizes_strides:
+        return {}
+    guard_sources = [
+        g.originating_source for g in guards if has_guard_type(g, "TENSOR_MATCH")
+    ]
+    # A source is looked up by identity first: the builder keys the sizes by the
+    # source object it then guards, and a source's hash is worked out again, down
+    # its whole chain, each time it is asked.
+    guard_source_ids = {id(source) for source in guard_sources}
+    equal_sources: Optional[set] = None
+    saved = {}
+    for source, meta in output_graph.input_source_to_sizes_strides.items():
+        if id(source) not in guard_source_ids:
+            if equal_sources is None:
+                equal_sources = set(guard_sources)
+            if source not in equal_sources:
+                continue
+        saved[source] = {
             "size": convert_to_concrete_values(meta["size"]),
             "stride": convert_to_concrete_values(meta["stride"]),
         }
-        for source, meta in output_graph.input_source_to_sizes_strides.items()
-        if source in guard_sources
-    }
+    return saved
 
 
 def build_guards_state(
@@ -844,7 +897,7 @@ def build_guards_state(
     og_state = OutputGraphGuardsState(
         local_scope=local_scope,
         global_scope=global_scope,
-        guards=[_strip_guard(g) for g in guards],
+        guards=[_saved_guard(g) for g in guards],
         values=values,
         guard_on_key_order=set(output_graph.guard_on_key_order),
         input_source_to_sizes_strides=sizes_strides,
@@ -860,10 +913,30 @@ def build_guards_state(
     return GuardsState(og_state, shape_code_parts)
 
 
+# NOTE: [Pickling OrderedDicts]
+# A saved module holds a dozen OrderedDicts (its hook dicts, most of them empty),
+# so a state holds dozens. The C pickler reduces an OrderedDict by asking copyreg
+# for the slot names of its class, and OrderedDict, a built-in type, cannot cache
+# the answer (``__slotnames__`` cannot be set on it): a Python call per dict, six
+# times the cost of the dict itself. The pickler's dispatch table reduces it in
+# one call to the same (class, (), state, None, items) the built-in reduce gives,
+# so the bytes are identical. (The table is copyreg's, as a pickler without one
+# uses, plus this entry.)
+def _reduce_ordered_dict(od: collections.OrderedDict):
+    state = vars(od) or None
+    return (collections.OrderedDict, (), state, None, iter(od.items()) if od else None)
+
+
 def pickle_guards_state(state: GuardsState) -> bytes:
     buf = io.BytesIO()
     try:
-        pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(state)
+        pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+        # Exact types only: an OrderedDict subclass reduces as before.
+        pickler.dispatch_table = {
+            **copyreg.dispatch_table,
+            collections.OrderedDict: _reduce_ordered_dict,
+        }
+        pickler.dump(state)
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         raise PackageError(f"guards state could not be pickled: {e}") from e
     return buf.getvalue()
@@ -943,6 +1016,10 @@ def load_guards_state(data: bytes) -> GuardsState:
         raise PackageError(
             f"guards state holds a {type(state).__qualname__}, not a GuardsState"
         )
+    if isinstance(state.output_graph, OutputGraphGuardsState) and isinstance(
+        state.output_graph.guards, list
+    ):
+        state.output_graph.guards = _loaded_guards(state.output_graph.guards)
     return state
 
 
@@ -1029,5 +1106,7 @@ def hydrate(state: GuardsState, f_code, runtime_global_scope=None) -> LoadedGuar
         global_scope={k: h(v) for k, v in og.global_scope.items()},
         values=values,
         torch_function_mode_stack=[h(m) for m in og.torch_function_mode_stack],
+        # (a state unpickled without load_guards_state still holds the pairs)
+        guards=_loaded_guards(og.guards),
     )
     return LoadedGuardsState(loaded, state.shape_code_parts, runtime_global_scope, h.keep_alive)
