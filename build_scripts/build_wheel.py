@@ -35,7 +35,9 @@ unless ``--force`` is given or its added files no longer match ``torch_overlay/`
 # build: gcc records the absolute paths of the sources and torch headers it compiled
 # (__FILE__ in assertion messages), so two checkouts in different directories build
 # different extensions, and different wheels, unless it is compiled with
-# -ffile-prefix-map. The same checkout rebuilding gives the same bytes.
+# -ffile-prefix-map. Otherwise it carries nothing of the build (no debug sections;
+# its GNU build ID is a hash of its contents), though a rebuild's bytes were not
+# compared.
 """
 
 from __future__ import annotations
