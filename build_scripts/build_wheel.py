@@ -336,7 +336,8 @@ def build_from_base(
 def build(dist_dir: Path, src_dir: Path, work_dir: Path, force: bool = False) -> Path:
     base = series.base_version()
     epoch = source_date_epoch()
-    version = overlay_version(base, series.series_hash(), epoch)
+    series_hash = series.series_hash()
+    version = overlay_version(base, series_hash, epoch)
     existing = find_built_wheel(dist_dir, version) if not force else None
     if existing is not None:
         outdated = outdated_new_files(existing, fetch_base_wheel(base, src_dir))
@@ -351,6 +352,11 @@ def build(dist_dir: Path, src_dir: Path, work_dir: Path, force: bool = False) ->
     packed = build_from_base(
         base_wheel, work_dir, version, epoch, series.read_series(), new_files(), timings
     )
+    if series.series_hash() != series_hash:
+        # The files were read after the version was named: a wheel of an edit made
+        # meanwhile would carry another series' name.
+        shutil.rmtree(work_dir)
+        raise OverlayError("the patch set changed during the build; build again")
     # Packed beside the tree and moved in whole, so that dist/ never holds a
     # half-written wheel that a later run would take as built.
     dist_dir.mkdir(parents=True, exist_ok=True)
