@@ -304,6 +304,7 @@ def _is_constant(value) -> bool:
 
 
 _PATH_PART = re.compile(r"(\w+)((?:\[\d+\])*)$")
+_PATH_INDEX = re.compile(r"\[(\d+)\]")
 
 
 def _resolve_path(root, path: str):
@@ -315,7 +316,8 @@ def _resolve_path(root, path: str):
         if match is None:
             raise ValueError(f"not an attribute path: {path!r}")
         obj = getattr(obj, match.group(1))
-        for index in re.findall(r"\[(\d+)\]", match.group(2)):
+        indices = match.group(2)
+        for index in _PATH_INDEX.findall(indices) if indices else ():
             obj = obj[int(index)]
     return obj
 
@@ -477,14 +479,15 @@ def _stable_name_from_source(obj, source, global_module, recorded_values=None):
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class created by a class statement
 
 
-def _is_local_class(obj) -> bool:
+def _is_local_class(obj, stable_name=find_stable_name) -> bool:
     """A Python class with no stable name (defined in local scope, or created
-    with ``type()`` and never bound to its name), other than an Enum."""
+    with ``type()`` and never bound to its name), other than an Enum.
+    ``stable_name``: find_stable_name, or a memo of it."""
     return (
         isinstance(obj, type)
         and bool(obj.__flags__ & _HEAPTYPE)
         and not issubclass(obj, enum.Enum)
-        and find_stable_name(obj) is None
+        and stable_name(obj) is None
     )
 
 
@@ -498,17 +501,23 @@ class GuardSerializationRecorder:
 
     def __init__(self, global_module: Optional[str]) -> None:
         self.global_module = global_module
+        # name -> the value the builder read by that name first (which keeps it
+        # alive, so ids stay unique while the guards are saved)
         self.values: dict[str, Any] = {}
-        self.sources: dict[int, str] = {}
+        # record(name, value), which the builder calls for every value every
+        # guard reads: the dict's own setdefault, no Python frame per call.
+        self.record = self.values.setdefault
         # id(value) -> (guard type, source name, source) of identity guards
         self.identity: dict[int, tuple[str, str, Any]] = {}
         self.keep_alive: list[Any] = []
 
-    def record(self, name: str, value) -> None:
-        if name not in self.values:
-            self.values[name] = value
-            self.sources.setdefault(id(value), name)
-            self.keep_alive.append(value)
+    @property
+    def sources(self) -> dict[int, str]:
+        """id(value) -> the first name the value was recorded by."""
+        sources: dict[int, str] = {}
+        for name, value in self.values.items():
+            sources.setdefault(id(value), name)
+        return sources
 
     def require_identity(self, value, guard) -> None:
         if value is None or isinstance(value, bool):
@@ -775,12 +784,15 @@ def _loaded_guards(saved: list) -> list:
 _NOT_RECORDED = object()
 
 
-def refuse_local_class_type_matches(guards, recorded_values: dict) -> None:
+def refuse_local_class_type_matches(
+    guards, recorded_values: dict, stable_name=find_stable_name
+) -> None:
     """TYPE_MATCH compares the class itself: refused for a class defined in local
     scope (see NOTE: [Classes defined in local scope]). Checked before any value
-    is converted, so this is the error a user sees, as upstream raises it first."""
+    is converted, so this is the error a user sees, as upstream raises it first.
+    ``stable_name``: find_stable_name, or a memo of it."""
     classes = {id(type(v)): type(v) for v in recorded_values.values()}
-    if not any(_is_local_class(cls) for cls in classes.values()):
+    if not any(_is_local_class(cls, stable_name) for cls in classes.values()):
         # No recorded value is an instance of a local class: no guard to refuse,
         # and no guard's name (built from its source each time) is needed.
         return
@@ -869,8 +881,8 @@ def build_guards_state(
     from torch._C._dynamo.eval_frame import code_framelocals_names
     from torch._dynamo.guard_serialization_codecs import _StandInConverter
 
-    refuse_local_class_type_matches(guards, recorder.values)
     converter = _StandInConverter(recorder, guards)
+    refuse_local_class_type_matches(guards, recorder.values, converter.class_name)
     values = {}
     for name, value in recorder.values.items():
         values[name] = converter.convert(value, name, True)

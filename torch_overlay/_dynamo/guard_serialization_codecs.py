@@ -25,6 +25,7 @@ from typing import Any, cast, Optional
 import torch
 from torch._dynamo.exc import PackageError
 from torch._dynamo.guard_serialization import (
+    _CONSTANT_TYPES,
     _FSDPClassRef,
     _is_constant,
     _is_local_class,
@@ -66,7 +67,10 @@ class _StandInConverter:
     def __init__(self, recorder: GuardSerializationRecorder, guards=()) -> None:
         self.recorder = recorder
         self.memo: dict[int, Any] = {}
-        self.recorded_ids = {id(v) for v in recorder.values.values()}
+        # id(value) -> the first name it was recorded by; its keys are the ids
+        # of the recorded values.
+        self.sources = recorder.sources
+        self.recorded_ids = self.sources.keys()
         self._guards = guards
         self._guard_types_by_name: Optional[dict[str, list[str]]] = None
         self._class_names: dict[type, Any] = {}
@@ -118,7 +122,7 @@ class _StandInConverter:
         if key in self.memo:
             return self.memo[key]
         guarded = guarded or key in self.recorded_ids
-        path = self.recorder.sources.get(key, path)
+        path = self.sources.get(key, path)
         for codec, takes_its_type in _save_plan(type(obj)):
             if takes_its_type or codec.accepts(obj, guarded):
                 stand_in = codec.save(self, obj, path, guarded)
@@ -159,13 +163,18 @@ class _StandInConverter:
             obj, source, self.recorder.global_module, self.recorder.values
         )
 
-    def class_ref(self, cls, path: str):
-        """A class by name, or the stand-in of a class defined in local scope."""
-        # Many values share a class (every Linear of a model): named once.
+    def class_name(self, cls: type):
+        """find_stable_name(cls), worked out once per class in a save: many
+        values share a class (every Linear of a model)."""
         ref = self._class_names.get(cls, _NOT_FOUND)
         if ref is _NOT_FOUND:
             ref = self._class_names[cls] = find_stable_name(cls)
-        if ref is None and _is_local_class(cls):
+        return ref
+
+    def class_ref(self, cls, path: str):
+        """A class by name, or the stand-in of a class defined in local scope."""
+        ref = self.class_name(cls)
+        if ref is None and _is_local_class(cls, self.class_name):
             return _LocalClassCodec.save(self, cls, path, True)
         return ref
 
@@ -904,7 +913,10 @@ class _DictCodec(StandInCodec):
         out = type(obj)()
         converter.memo[id(obj)] = out
         for k, v in obj.items():
-            out[converter.key(k, path)] = converter.child(v, f"{path}[{k!r}]", guarded)
+            # A constant is itself (child's first test), without its path made.
+            out[converter.key(k, path)] = (
+                v if type(v) in _CONSTANT_TYPES else converter.child(v, f"{path}[{k!r}]", guarded)
+            )
         return out
 
     @staticmethod
@@ -1505,8 +1517,10 @@ class _ObjectCodec(StandInCodec):
             )
         stand_in = _ObjectStandIn(cls_ref, {})
         converter.memo[id(obj)] = stand_in
+        state = stand_in.state
         for k, v in getattr(obj, "__dict__", {}).items():
-            stand_in.state[k] = converter.child(v, f"{path}.{k}", True)
+            # A constant is itself (child's first test), without its path made.
+            state[k] = v if type(v) in _CONSTANT_TYPES else converter.child(v, f"{path}.{k}", True)
         slot_names = _slot_names(cls)
         if slot_names:
             stand_in.slots = {
@@ -1762,8 +1776,18 @@ def _key_set_names(key_set) -> tuple:
     return tuple(name for name in inner.split(", ") if name)
 
 
+# raw bits of a dispatch key set -> its key names (a set's names follow from
+# its bits; a process sees a handful of sets, and a save reads one per tensor)
+_KEY_SET_NAMES: dict[int, tuple] = {}
+
+
 def _dispatch_key_names(t: torch.Tensor) -> tuple:
-    return _key_set_names(torch._C._dispatch_keys(t))
+    key_set = torch._C._dispatch_keys(t)
+    raw = key_set.raw_repr()
+    names = _KEY_SET_NAMES.get(raw)
+    if names is None:
+        names = _KEY_SET_NAMES[raw] = _key_set_names(key_set)
+    return names
 
 
 # NOTE: [Functorch-wrapped tensor stand-ins]
