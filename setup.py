@@ -51,7 +51,13 @@ CSRC = "torch_overlay/csrc"
 # Upstream's include roots of the files under csrc/ (aten/src/ATen/... is included
 # as <ATen/...>), ahead of torch's installed headers.
 # Absolute: ninja compiles from the build directory.
-INCLUDE_ROOTS = [os.path.join(os.path.dirname(os.path.abspath(__file__)), CSRC, "aten", "src")]
+REPO_ROOT = os.path.dirname(os.path.abspath(__file__))
+INCLUDE_ROOTS = [os.path.join(REPO_ROOT, CSRC, "aten", "src")]
+# The objects embed source paths (__FILE__ in TORCH_CHECK, ours and torch's
+# headers'): written relative to the checkout (the dev venv lies inside it), so
+# checkouts in other directories build the same extension, and the same wheel
+# (NOTE: [Reproducible patched wheel] in build_scripts/build_wheel.py).
+REPRODUCIBLE_PATHS = [f"-ffile-prefix-map={REPO_ROOT}=."]
 NLOHMANN_JSON_INCLUDE_DIR = os.environ.get("NLOHMANN_JSON_INCLUDE_DIR")
 
 ext_modules = [
@@ -64,7 +70,7 @@ ext_modules = [
         ],
         include_dirs=INCLUDE_ROOTS
         + ([NLOHMANN_JSON_INCLUDE_DIR] if NLOHMANN_JSON_INCLUDE_DIR else []),
-        extra_compile_args=["-O2", "-g0", "-fvisibility=hidden"],
+        extra_compile_args=["-O2", "-g0", "-fvisibility=hidden", *REPRODUCIBLE_PATHS],
     ),
 ]
 

@@ -32,12 +32,11 @@ unless ``--force`` is given or its added files no longer match ``torch_overlay/`
 # RECORD lists the files in archive order. Deflate runs at zlib's default level, so
 # a different zlib could compress differently: reproducible on one builder image.
 # The compiled extension is shipped as built, so the wheel is as reproducible as its
-# build: gcc records the absolute paths of the sources and torch headers it compiled
-# (__FILE__ in assertion messages), so two checkouts in different directories build
-# different extensions, and different wheels, unless it is compiled with
-# -ffile-prefix-map. Otherwise it carries nothing of the build (no debug sections;
-# its GNU build ID is a hash of its contents), though a rebuild's bytes were not
-# compared.
+# build: setup.py compiles with -ffile-prefix-map=<checkout>=., so the source and
+# torch header paths gcc records (__FILE__ in assertion messages) are relative to
+# the checkout (the dev venv lies inside it), and it carries nothing else of the
+# build (no debug sections; its GNU build ID is a hash of its contents): two
+# checkouts in different directories built byte-identical extensions (measured).
 """
 
 from __future__ import annotations
