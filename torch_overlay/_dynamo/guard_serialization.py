@@ -90,7 +90,8 @@ log = logging.getLogger(__name__)
 # key or set item is a (frozen) _NamedRef, not a ("__named__", module, path)
 # tuple, and so is the class of a frozen-dataclass key.
 # 5: a saved guard is an (originating_source, create_fn) pair, not a Guard.
-GUARDS_STATE_FORMAT_VERSION = 5
+# 6: the saved guards are two lists, their sources and their create_fns.
+GUARDS_STATE_FORMAT_VERSION = 6
 
 # Guard types refused whatever the guarded value: they have no meaning in another
 # process. Every other guard type serializes, or is refused for a specific value
@@ -710,8 +711,9 @@ class OutputGraphGuardsState:
     A loaded CheckFunctionManager reads it exactly where a compiling one reads the
     OutputGraph (``local_scope``, ``guards``, ``input_source_to_sizes_strides``...).
     ``values`` is the recorded ``name -> value`` table of the GuardBuilder.
-    ``guards`` holds ``(originating_source, create_fn)`` pairs as saved, and the
-    Guards rebuilt from them once :func:`load_guards_state` read the state.
+    ``guards`` holds the guards' sources and create_fns as saved (two lists, see
+    _saved_guards), and the Guards rebuilt from them once
+    :func:`load_guards_state` read the state.
     """
 
     local_scope: dict
@@ -741,12 +743,8 @@ class GuardsState:
     shape_code_parts: Optional[tuple]  # (python exprs, verbose exprs) or None
 
 
-def _saved_guard(guard) -> tuple:
-    """A guard as it is saved: ``(originating_source, create_fn)``, what a Guard is
-    rebuilt from (see _loaded_guards). Every other field (export info, stacks, the
-    cached hash) starts empty, as a new Guard's do. A pair, not a Guard: this runs
-    for every guard of every saved frame, and a Guard costs ten times more to make
-    and three times more to pickle."""
+def _saved_create_fn(guard):
+    """The builder method a guard is saved with (see _saved_guards)."""
     create_fn = guard.create_fn
     if isinstance(create_fn, functools.partial) and isinstance(
         create_fn.keywords.get("value"), TensorWeakRef
@@ -754,30 +752,49 @@ def _saved_guard(guard) -> tuple:
         # The builder falls back to get(name) for the value: the recorded one.
         kwargs = {k: v for k, v in create_fn.keywords.items() if k != "value"}
         create_fn = functools.partial(create_fn.func, *create_fn.args, **kwargs)
-    return (guard.originating_source, create_fn)
+    return create_fn
 
 
-def _loaded_guards(saved: list) -> list:
-    """The Guards of saved ``(originating_source, create_fn)`` pairs (a Guard is
-    kept as it is: a state of an older format holds Guards, and is refused by
-    its format version, not here)."""
+def _saved_guards(guards) -> tuple[list, list]:
+    """The guards as they are saved: two lists, their originating sources and
+    their builder methods (create_fn), what a Guard is rebuilt from (see
+    _loaded_guards); every other field (export info, stacks, the cached hash)
+    starts empty, as a new Guard's do. Lists, not Guards nor a pair per guard:
+    this runs for every guard of every saved frame, a Guard costs ten times more
+    to make and three times more to pickle, and every object made on the way
+    brings Python's next garbage collection closer."""
+    return (
+        [g.originating_source for g in guards],
+        [
+            # (a builder method that is no partial is saved as it is)
+            g.create_fn if type(g.create_fn) is not functools.partial else _saved_create_fn(g)
+            for g in guards
+        ],
+    )
+
+
+def _loaded_guards(saved) -> list:
+    """The Guards of saved guards (_saved_guards); a list of Guards (already
+    loaded) is kept as it is."""
     from torch._guards import Guard, Source
 
+    if isinstance(saved, list) and all(isinstance(g, Guard) for g in saved):
+        return saved
+    if not (
+        type(saved) is tuple
+        and len(saved) == 2
+        and all(type(part) is list for part in saved)
+        and len(saved[0]) == len(saved[1])
+    ):
+        raise PackageError("guards state is damaged: its guards are not two lists of a length")
     guards = []
-    for entry in saved:
-        if isinstance(entry, Guard):
-            guards.append(entry)
-        elif (
-            type(entry) is tuple
-            and len(entry) == 2
-            and isinstance(entry[0], Source)
-            and callable(entry[1])
-        ):
-            guards.append(Guard(entry[0], entry[1]))
-        else:
+    for source, create_fn in zip(*saved):
+        if not (isinstance(source, Source) and callable(create_fn)):
             raise PackageError(
-                f"guards state is damaged: a saved guard is a {type(entry).__qualname__}"
+                f"guards state is damaged: a saved guard is a {type(source).__qualname__} "
+                f"with a {type(create_fn).__qualname__}"
             )
+        guards.append(Guard(source, create_fn))
     return guards
 
 
@@ -846,21 +863,27 @@ def _saved_sizes_strides(output_graph, guards) -> dict:
     only reader of input_source_to_sizes_strides)."""
     from torch._dynamo.guards import convert_to_concrete_values
 
-    if not output_graph.input_source_to_sizes_strides:
+    sizes_strides = output_graph.input_source_to_sizes_strides
+    if not sizes_strides:
         return {}
-    guard_sources = [
-        g.originating_source for g in guards if has_guard_type(g, "TENSOR_MATCH")
-    ]
-    # A source is looked up by identity first: the builder keys the sizes by the
+    # Sources are matched by identity first: the builder keys the sizes by the
     # source object it then guards, and a source's hash is worked out again, down
-    # its whole chain, each time it is asked.
-    guard_source_ids = {id(source) for source in guard_sources}
+    # its whole chain, each time it is asked (an equal source that is another
+    # object is still found, by value).
+    key_ids = {id(source) for source in sizes_strides}
+    guarded_ids = {
+        id(g.originating_source)
+        for g in guards
+        if id(g.originating_source) in key_ids and has_guard_type(g, "TENSOR_MATCH")
+    }
     equal_sources: Optional[set] = None
     saved = {}
-    for source, meta in output_graph.input_source_to_sizes_strides.items():
-        if id(source) not in guard_source_ids:
+    for source, meta in sizes_strides.items():
+        if id(source) not in guarded_ids:
             if equal_sources is None:
-                equal_sources = set(guard_sources)
+                equal_sources = {
+                    g.originating_source for g in guards if has_guard_type(g, "TENSOR_MATCH")
+                }
             if source not in equal_sources:
                 continue
         saved[source] = {
@@ -909,7 +932,7 @@ def build_guards_state(
     og_state = OutputGraphGuardsState(
         local_scope=local_scope,
         global_scope=global_scope,
-        guards=[_saved_guard(g) for g in guards],
+        guards=_saved_guards(guards),
         values=values,
         guard_on_key_order=set(output_graph.guard_on_key_order),
         input_source_to_sizes_strides=sizes_strides,
@@ -935,7 +958,9 @@ def build_guards_state(
 # so the bytes are identical. (The table is copyreg's, as a pickler without one
 # uses, plus this entry.)
 def _reduce_ordered_dict(od: collections.OrderedDict):
-    state = vars(od) or None
+    # (object.__getstate__: None without instance attributes; vars(od) would give
+    # every dict a __dict__ of its own)
+    state = od.__getstate__()
     return (collections.OrderedDict, (), state, None, iter(od.items()) if od else None)
 
 
@@ -1028,10 +1053,13 @@ def load_guards_state(data: bytes) -> GuardsState:
         raise PackageError(
             f"guards state holds a {type(state).__qualname__}, not a GuardsState"
         )
-    if isinstance(state.output_graph, OutputGraphGuardsState) and isinstance(
-        state.output_graph.guards, list
+    og = state.output_graph
+    if (
+        isinstance(og, OutputGraphGuardsState)
+        and og.format_version == GUARDS_STATE_FORMAT_VERSION
     ):
-        state.output_graph.guards = _loaded_guards(state.output_graph.guards)
+        # (a state of another format is refused by its version, in hydrate)
+        og.guards = _loaded_guards(og.guards)
     return state
 
 

@@ -329,20 +329,26 @@ _LOAD_CODECS: dict[type, type[StandInCodec]] = {}
 # left out, those that take all of them are not asked again. The order and what
 # is asked of the others are unchanged, so the dispatch decides exactly as
 # asking every codec would.
-_save_plans: weakref.WeakKeyDictionary[type, tuple] = weakref.WeakKeyDictionary()
+# id(cls) -> (a weak reference to cls, its plan): a dict keyed by id, looked up
+# in C (a WeakKeyDictionary costs a Python call and a new weak reference per
+# lookup); an entry goes when its class does.
+_save_plans: dict[int, tuple[weakref.ref, tuple]] = {}
 
 
 def _save_plan(cls: type) -> tuple:
     """(codec, takes every object of ``cls``) for the codecs that may take one."""
-    plan = _save_plans.get(cls)
-    if plan is None:
-        plan = tuple(
-            (codec, known)
-            for codec in _SAVE_CODECS
-            for known in (codec.accepts_type(cls),)
-            if known is not False
-        )
-        _save_plans[cls] = plan
+    entry = _save_plans.get(id(cls))
+    if entry is not None and entry[0]() is cls:
+        return entry[1]
+    plan = tuple(
+        (codec, known)
+        for codec in _SAVE_CODECS
+        for known in (codec.accepts_type(cls),)
+        if known is not False
+    )
+    key = id(cls)
+    # The callback runs while cls is freed, before its id can be reused.
+    _save_plans[key] = (weakref.ref(cls, lambda _, key=key: _save_plans.pop(key, None)), plan)
     return plan
 
 
@@ -630,14 +636,18 @@ def _seen_by_tensor_match(x: torch.Tensor, dispatch_keys=None) -> tuple:
 def _check_tensor_stand_in(
     converter, t: torch.Tensor, stand_in: _TensorStandIn, path: str
 ) -> None:
-    """_check_reproduced of a plain stand-in. The tensor made from a stand-in
-    depends only on the fields _make_tensor reads, so it is made once per kind of
-    stand-in in a save (the parameters of a model are a handful of kinds), and
-    the keys of ``t`` are the ones the stand-in holds."""
+    """_check_reproduced of a plain stand-in. What the check reads from the
+    tensor made of a stand-in depends only on the fields _make_tensor reads, so
+    it is made once per kind of stand-in in a save (the parameters of a model are
+    one or two kinds), and the keys of ``t`` are the ones the stand-in holds."""
     kind = (
         stand_in.dtype, stand_in.device, stand_in.requires_grad, stand_in.is_parameter,
-        stand_in.conj, stand_in.neg, stand_in.ndim, stand_in.functorch_wrapper,
-        stand_in.is_inference, stand_in.subclass,
+        stand_in.conj, stand_in.neg, stand_in.functorch_wrapper, stand_in.is_inference,
+        stand_in.subclass,
+        # The rank of a plain stand-in (no elements) changes nothing the check
+        # reads (a model's weights and biases are one kind); a functorch wrapper
+        # is made around a rank, so there it counts.
+        stand_in.ndim if stand_in.functorch_wrapper is not None else None,
     )
     seen_proxy = converter.tensor_kinds_seen.get(kind)
     if seen_proxy is None:
@@ -1821,7 +1831,9 @@ def _functorch_wrapper_kind(t: torch.Tensor) -> Optional[str]:
 def _make_tensor(s: _TensorStandIn) -> torch.Tensor:
     # Made outside any live functorch layer (under one, factory functions return
     # wrapped tensors) and in the saved inference mode, wherever it is called.
-    with torch._C._DisableFuncTorch(), torch.inference_mode(s.is_inference):
+    # (torch.inference_mode's own guard: the Python context manager around it
+    # costs more than the tensor)
+    with torch._C._DisableFuncTorch(), torch._C._InferenceMode(s.is_inference):
         t = _make_tensor_here(s)
         if s.subclass is not None:
             cls = resolve_name(s.subclass)
