@@ -67,6 +67,7 @@ import copyreg
 import dataclasses
 import enum
 import functools
+import gc
 import importlib
 import io
 import logging
@@ -958,9 +959,11 @@ def build_guards_state(
 # so the bytes are identical. (The table is copyreg's, as a pickler without one
 # uses, plus this entry.)
 def _reduce_ordered_dict(od: collections.OrderedDict):
-    # (object.__getstate__: None without instance attributes; vars(od) would give
-    # every dict a __dict__ of its own)
-    state = od.__getstate__()
+    # The state is object.__getstate__'s: None without instance attributes. It
+    # asks copyreg for the slot names too, so an empty dict (most of them) is
+    # asked for its instance dict first, the only object it refers to if it
+    # has one (vars(od) would make one for every dict).
+    state = od.__getstate__() if od or gc.get_referents(od) else None
     return (collections.OrderedDict, (), state, None, iter(od.items()) if od else None)
 
 
