@@ -221,28 +221,30 @@ class _StandInConverter:
 
     def child(self, value, path: str, parent_guarded: bool):
         """A value held by a container or object: faithful only where needed."""
-        if _is_constant(value):
+        cls = type(value)
+        if cls in _CONSTANT_TYPES or value is NotImplemented:  # _is_constant, inlined
             return value
-        if id(value) in self.recorded_ids or id(value) in self.recorder.identity:
+        key = id(value)
+        if key in self.recorded_ids or key in self.recorder.identity:
             return self.convert(value, path, True)
-        if type(value) in (dict, collections.OrderedDict, list) and not value:
+        if cls in (dict, collections.OrderedDict, list) and not value:
             # An empty container (a module holds a dozen empty hook dicts) is an
             # empty one of its type, once per object, as convert() would make it.
-            stand_in = self.memo.get(id(value))
+            stand_in = self.memo.get(key)
             if stand_in is None:
-                stand_in = self.memo[id(value)] = type(value)()
+                stand_in = self.memo[key] = cls()
             return stand_in
-        if type(value) in (dict, collections.OrderedDict, list, tuple, collections.defaultdict):
+        if cls in (dict, collections.OrderedDict, list, tuple, collections.defaultdict):
             return self.convert(value, path, False)
         if parent_guarded and (
-            type(value) in (set, frozenset, slice, range, torch.Size)
+            cls in (set, frozenset, slice, range, torch.Size)
             or isinstance(value, (torch.dtype, torch.device, enum.Enum))
             # a DTensor's spec, in its flatten context (NOTE: [DTensor stand-ins])
-            or _is_dtensor_spec_type(type(value))
+            or _is_dtensor_spec_type(cls)
         ):
             return self.convert(value, path, True)
-        if id(value) in self.memo:
-            return self.memo[id(value)]
+        if key in self.memo:
+            return self.memo[key]
         return _placeholder_of(value)
 
 
