@@ -13,6 +13,7 @@ wrapper (DDP or fully_shard).
 
 import copy
 import datetime
+import faulthandler
 import json
 import os
 import stat
@@ -204,6 +205,9 @@ _WORKERS = {"ddp": _worker_ddp, "fsdp2": _worker_fsdp2, "dtensor": _worker_dtens
 
 def _worker_main(argv: list[str]) -> None:
     args = json.loads(argv[0])
+    # A rank still running shortly before the test gives up on it prints every
+    # thread's stack and exits, so a hang says where it is.
+    faulthandler.dump_traceback_later(PHASE_TIMEOUT_S - 20, exit=True)
     result = _WORKERS[args["case"]](args)
     dist.destroy_process_group()
     Path(args["out"]).write_text(json.dumps(result))
