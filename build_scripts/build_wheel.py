@@ -377,11 +377,8 @@ def build(dist_dir: Path, src_dir: Path, work_dir: Path, force: bool = False) ->
 
 
 def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(_COPY_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def write_pointer(pointer: Path, wheel: Path) -> None:

@@ -49,11 +49,8 @@ class PublishError(RuntimeError):
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _requires_python(wheel: Path) -> str | None:

@@ -127,11 +127,8 @@ def extract_members(wheel: Path, relpaths: set[str], dest: Path) -> set[str]:
 
 
 def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 # ---------------------------------------------------------------------------
