@@ -75,7 +75,7 @@ import pickle
 import re
 import sys
 import types
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 from torch._dynamo.exc import PackageError
@@ -719,7 +719,8 @@ class OutputGraphGuardsState:
 
     local_scope: dict
     global_scope: dict
-    guards: list
+    # a list of Guards once loaded; as saved, the pair _saved_guards makes
+    guards: Union[list, tuple[list, list]]
     values: dict
     guard_on_key_order: set
     input_source_to_sizes_strides: dict

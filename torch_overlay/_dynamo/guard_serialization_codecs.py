@@ -349,8 +349,12 @@ def _save_plan(cls: type) -> tuple:
         if known is not False
     )
     key = id(cls)
+
+    def forget(_: weakref.ref, key: int = key) -> None:
+        _save_plans.pop(key, None)
+
     # The callback runs while cls is freed, before its id can be reused.
-    _save_plans[key] = (weakref.ref(cls, lambda _, key=key: _save_plans.pop(key, None)), plan)
+    _save_plans[key] = (weakref.ref(cls, forget), plan)
     return plan
 
 
