@@ -533,13 +533,18 @@ class GuardSerializationRecorder:
         self.keep_alive.append(value)
 
 
-def guard_type_names(guard) -> list[str]:
-    """The guard's own type and the ones its builder method ran (SEQUENCE_LENGTH
-    runs TYPE_MATCH...), outermost first."""
+def _builder_name(guard) -> str:
+    """The name of the GuardBuilder method that makes the guard (its own type)."""
     create_fn = guard.create_fn
     while isinstance(create_fn, functools.partial):
         create_fn = create_fn.func
-    names = [create_fn.__name__]
+    return create_fn.__name__
+
+
+def guard_type_names(guard) -> list[str]:
+    """The guard's own type and the ones its builder method ran (SEQUENCE_LENGTH
+    runs TYPE_MATCH...), outermost first."""
+    names = [_builder_name(guard)]
     names.extend(n for n in (guard.guard_types or ()) if n not in names)
     return names
 
@@ -547,10 +552,7 @@ def guard_type_names(guard) -> list[str]:
 def has_guard_type(guard, guard_type: str) -> bool:
     """``guard_type in guard_type_names(guard)``, without making the list (asked
     of every guard of every saved frame)."""
-    create_fn = guard.create_fn
-    while isinstance(create_fn, functools.partial):
-        create_fn = create_fn.func
-    return create_fn.__name__ == guard_type or guard_type in (guard.guard_types or ())
+    return _builder_name(guard) == guard_type or guard_type in (guard.guard_types or ())
 
 
 def _dispatch_key_set_from_raw(raw: int, start):

@@ -43,8 +43,10 @@ from __future__ import annotations
 
 import argparse
 import base64
+import ctypes
 import dataclasses
 import errno
+import functools
 import hashlib
 import io
 import json
@@ -215,9 +217,6 @@ class _OpenSSLEd25519:
     LIBRARY_NAMES = ("libcrypto.so.3", "libcrypto.so.1.1", "libcrypto.3.dylib")
 
     def __init__(self, lib) -> None:
-        import ctypes
-
-        self._ctypes = ctypes
         pointer, size, buffer = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
         signatures = {
             "EVP_PKEY_new_raw_private_key": (pointer, [ctypes.c_int, pointer, buffer, size]),
@@ -239,8 +238,6 @@ class _OpenSSLEd25519:
     @classmethod
     def load(cls) -> Optional[_OpenSSLEd25519]:
         """The backend, or None where hashlib's libcrypto is not loaded or lacks Ed25519."""
-        import ctypes
-
         try:
             import _hashlib  # noqa: F401  (loads libcrypto, if hashlib is built on it)
         except ImportError:
@@ -274,7 +271,6 @@ class _OpenSSLEd25519:
 
     def sign(self, private_raw: bytes, data: bytes) -> tuple[bytes, bytes]:
         """The signature of ``data`` and the raw public key of ``private_raw``."""
-        ctypes = self._ctypes
 
         def sign_with(key, context) -> tuple[bytes, bytes]:
             signature = ctypes.create_string_buffer(ED25519_SIGNATURE_BYTES)
@@ -319,14 +315,10 @@ class _CryptographyEd25519:
         return True
 
 
-_ED25519_BACKEND: list = []
-
-
+@functools.cache
 def ed25519_backend():
     """What signs and verifies (NOTE: [Ed25519 through the process's OpenSSL])."""
-    if not _ED25519_BACKEND:
-        _ED25519_BACKEND.append(_OpenSSLEd25519.load() or _CryptographyEd25519())
-    return _ED25519_BACKEND[0]
+    return _OpenSSLEd25519.load() or _CryptographyEd25519()
 
 
 def _read_key_file(path: str, what: str) -> bytes:
