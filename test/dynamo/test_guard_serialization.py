@@ -1123,6 +1123,34 @@ class TestGuardSerialization(GuardSerializationTestCase):
             rejected=[(patched_global("MODEL", Small()), {"x": torch.ones(2)})],
         )
 
+    def test_saved_guard_lists_round_trip_and_damage_is_refused(self):
+        from torch._dynamo import guard_serialization
+        from torch._dynamo.package import load_guards_state
+
+        def fn(x, y):
+            return x * y + 1
+
+        built = build_check_fn_manager(fn, (torch.ones(2), 3))
+        guards = load_guards_state(built.ref.guards_state).output_graph.guards
+        self.assertTrue(guards)
+        sources, create_fns = guard_serialization._saved_guards(guards)
+        rebuilt = guard_serialization._loaded_guards((sources, create_fns))
+        self.assertEqual([g.name for g in rebuilt], [g.name for g in guards])
+        self.assertEqual(
+            [guard_serialization.guard_type_names(g) for g in rebuilt],
+            [guard_serialization.guard_type_names(g) for g in guards],
+        )
+        for damaged in (
+            (sources, create_fns[:-1]),
+            (sources[:1] + [5] + sources[2:], create_fns),
+            (sources, [None] * len(create_fns)),
+            [sources, create_fns],
+            {"sources": sources},
+            (sources, create_fns, []),
+        ):
+            with self.assertRaises(PackageError, msg=repr(type(damaged))):
+                guard_serialization._loaded_guards(damaged)
+
     def test_nn_module_local_instance_is_refused(self):
         def fn(m, x):
             return m(x)
