@@ -411,6 +411,44 @@ class Ed25519BackendTests(torch._dynamo.test_case.TestCase):
             self.trust.verify_manifest(b"manifest!", record, "<test>", trusted=[f"{self.tmp}/key.pub"], require=True)
 
 
+    def _fingerprint(self, signature_record: bytes) -> str:
+        return json.loads(signature_record)["signer"]
+
+    def test_rotated_key_is_used_by_the_next_save(self):
+        # NOTE: [Signing keys are prepared before the save]: kept per file, and
+        # read again once the file is replaced or rewritten.
+        key = f"{self.tmp}/key"
+        first = self.trust.sign_manifest(b"manifest", key)
+        self.assertEqual(self._fingerprint(first), self.trust.key_fingerprint(self.public))
+        self.trust.write_key_pair(f"{self.tmp}/new", f"{self.tmp}/new.pub")
+        os.replace(f"{self.tmp}/new", key)
+        second = self.trust.sign_manifest(b"manifest", key)
+        new_public = self.trust.load_public_key(f"{self.tmp}/new.pub")
+        self.assertEqual(self._fingerprint(second), self.trust.key_fingerprint(new_public))
+        self.trust.verify_manifest(b"manifest", second, "<test>", trusted=[f"{self.tmp}/new.pub"], require=True)
+
+    def test_compile_prepares_the_signing_key(self):
+        key = f"{self.tmp}/key"
+        self.trust._signer_of.cache_clear()
+        with torch._dynamo.config.patch(package_signing_key=key):
+            compiled = torch.compile(lambda x: x.sin() + 1, backend="eager", package=f"{self.tmp}/pkg")
+            compiled(torch.ones(3))
+            self.assertEqual(self.trust._signer_of.cache_info().currsize, 1)
+            misses = self.trust._signer_of.cache_info().misses
+            compiled.save_package()
+            self.assertEqual(self.trust._signer_of.cache_info().misses, misses)
+        record = Path(f"{self.tmp}/pkg/{self.trust.SIGNATURE_FILE}").read_bytes()
+        self.assertEqual(self._fingerprint(record), self.trust.key_fingerprint(self.public))
+
+    def test_unusable_signing_key_is_reported_by_the_save(self):
+        Path(f"{self.tmp}/bad").write_bytes(b"not a key")
+        with torch._dynamo.config.patch(package_signing_key=f"{self.tmp}/bad"):
+            compiled = torch.compile(lambda x: x.cos() * 2, backend="eager", package=f"{self.tmp}/pkg")
+            self.assertEqual(compiled(torch.ones(3)), torch.ones(3).cos() * 2)
+            with self.assertRaisesRegex(PackageError, "signing key .*bad"):
+                compiled.save_package()
+        self.assertFalse(Path(f"{self.tmp}/pkg").exists())
+
 instantiate_parametrized_tests(PackageTrustUnitTests)
 
 

@@ -71,6 +71,7 @@ from .package_trust import (
     check_manifest_schema,
     extract_kernels,
     manifest_bytes,
+    prepare_signing_key,
     read_package,
     sign_manifest,
     SIGNATURE_FILE,
@@ -423,6 +424,9 @@ class RecordingBackend:
                 setattr(self, attr, getattr(backend, attr))
 
     def __call__(self, gm, example_inputs, **kwargs):
+        # A graph for a package: the save that follows signs it with this key
+        # (NOTE: [Signing keys are prepared before the save]).
+        prepare_signing_key()
         devices = {
             t.device.type
             for t in [*example_inputs, *gm.parameters(), *gm.buffers()]

@@ -258,52 +258,76 @@ class _OpenSSLEd25519:
         new_key = self._lib.EVP_PKEY_new_raw_private_key if private else self._lib.EVP_PKEY_new_raw_public_key
         return new_key(self.NID_ED25519, None, raw, len(raw))
 
-    def _with_key(self, raw: bytes, private: bool, use):
-        key = self._key(raw, private)
-        if not key:
-            raise PackageError("OpenSSL refused an Ed25519 key of 32 bytes")
-        context = self._lib.EVP_MD_CTX_new()
-        try:
-            return use(key, context)
-        finally:
-            self._lib.EVP_MD_CTX_free(context)
-            self._lib.EVP_PKEY_free(key)
+    def signer(self, private_raw: bytes) -> _OpenSSLSigner:
+        """``private_raw`` made into an OpenSSL key once, to sign with many times."""
+        return _OpenSSLSigner(self, private_raw)
 
     def sign(self, private_raw: bytes, data: bytes) -> tuple[bytes, bytes]:
         """The signature of ``data`` and the raw public key of ``private_raw``."""
-
-        def sign_with(key, context) -> tuple[bytes, bytes]:
-            signature = ctypes.create_string_buffer(ED25519_SIGNATURE_BYTES)
-            length = ctypes.c_size_t(ED25519_SIGNATURE_BYTES)
-            public = ctypes.create_string_buffer(ED25519_KEY_BYTES)
-            public_length = ctypes.c_size_t(ED25519_KEY_BYTES)
-            lib = self._lib
-            if (
-                lib.EVP_DigestSignInit(context, None, None, None, key) != 1
-                or lib.EVP_DigestSign(context, signature, ctypes.byref(length), data, len(data)) != 1
-                or lib.EVP_PKEY_get_raw_public_key(key, public, ctypes.byref(public_length)) != 1
-            ):
-                raise PackageError("OpenSSL failed to sign the manifest with Ed25519")
-            return signature.raw[: length.value], public.raw[: public_length.value]
-
-        return self._with_key(private_raw, True, sign_with)
+        signer = self.signer(private_raw)
+        return signer.sign(data), signer.public
 
     def verify(self, public_raw: bytes, signature: bytes, data: bytes) -> bool:
-        def verify_with(key, context) -> bool:
-            if self._lib.EVP_DigestVerifyInit(context, None, None, None, key) != 1:
+        lib = self._lib
+        key = self._key(public_raw, private=False)
+        if not key:
+            raise PackageError("OpenSSL refused an Ed25519 key of 32 bytes")
+        context = lib.EVP_MD_CTX_new()
+        try:
+            if lib.EVP_DigestVerifyInit(context, None, None, None, key) != 1:
                 return False
-            return self._lib.EVP_DigestVerify(context, signature, len(signature), data, len(data)) == 1
+            return lib.EVP_DigestVerify(context, signature, len(signature), data, len(data)) == 1
+        finally:
+            lib.EVP_MD_CTX_free(context)
+            lib.EVP_PKEY_free(key)
 
-        return self._with_key(public_raw, False, verify_with)
+
+class _OpenSSLSigner:
+    """An Ed25519 private key held as an OpenSSL EVP_PKEY, and its raw public key."""
+
+    def __init__(self, backend: _OpenSSLEd25519, private_raw: bytes) -> None:
+        self._lib = backend._lib
+        self._key = backend._key(private_raw, private=True)
+        if not self._key:
+            raise PackageError("OpenSSL refused an Ed25519 key of 32 bytes")
+        public = ctypes.create_string_buffer(ED25519_KEY_BYTES)
+        public_length = ctypes.c_size_t(ED25519_KEY_BYTES)
+        if self._lib.EVP_PKEY_get_raw_public_key(self._key, public, ctypes.byref(public_length)) != 1:
+            raise PackageError("OpenSSL cannot give the public key of an Ed25519 key")
+        self.public = public.raw[: public_length.value]
+
+    def sign(self, data: bytes) -> bytes:
+        lib = self._lib
+        signature = ctypes.create_string_buffer(ED25519_SIGNATURE_BYTES)
+        length = ctypes.c_size_t(ED25519_SIGNATURE_BYTES)
+        # A context per signature: one EVP_PKEY may sign in several threads.
+        context = lib.EVP_MD_CTX_new()
+        try:
+            if (
+                lib.EVP_DigestSignInit(context, None, None, None, self._key) != 1
+                or lib.EVP_DigestSign(context, signature, ctypes.byref(length), data, len(data)) != 1
+            ):
+                raise PackageError("OpenSSL failed to sign the manifest with Ed25519")
+        finally:
+            lib.EVP_MD_CTX_free(context)
+        return signature.raw[: length.value]
+
+    def __del__(self) -> None:
+        if getattr(self, "_key", None):
+            self._lib.EVP_PKEY_free(self._key)
 
 
 class _CryptographyEd25519:
     """Ed25519 with raw keys through the cryptography package."""
 
+    def signer(self, private_raw: bytes) -> _CryptographySigner:
+        """``private_raw`` made into a cryptography key once, to sign with many times."""
+        return _CryptographySigner(_ed25519().Ed25519PrivateKey.from_private_bytes(private_raw))
+
     def sign(self, private_raw: bytes, data: bytes) -> tuple[bytes, bytes]:
         """The signature of ``data`` and the raw public key of ``private_raw``."""
-        key = _ed25519().Ed25519PrivateKey.from_private_bytes(private_raw)
-        return key.sign(data), key.public_key().public_bytes_raw()
+        signer = self.signer(private_raw)
+        return signer.sign(data), signer.public
 
     def verify(self, public_raw: bytes, signature: bytes, data: bytes) -> bool:
         from cryptography.exceptions import InvalidSignature
@@ -313,6 +337,17 @@ class _CryptographyEd25519:
         except InvalidSignature:
             return False
         return True
+
+
+class _CryptographySigner:
+    """An Ed25519 private key as cryptography's object, and its raw public key."""
+
+    def __init__(self, key) -> None:
+        self._key = key
+        self.public = key.public_key().public_bytes_raw()
+
+    def sign(self, data: bytes) -> bytes:
+        return self._key.sign(data)
 
 
 @functools.cache
@@ -411,13 +446,50 @@ def key_fingerprint(public_raw: bytes) -> str:
     return "ed25519:" + hashlib.sha256(public_raw).hexdigest()[:16]
 
 
+# NOTE: [Signing keys are prepared before the save]
+# Signing a manifest takes ~0.1 ms; making the key ready for it takes more, once
+# per process: reading and decoding the PEM file, OpenSSL's first Ed25519 key
+# (it loads its key management on first use) and the ctypes prototypes, ~0.7 ms
+# together, as much as 10% of saving a small package. So the signer of a key file is kept (per
+# path, re-read when the file's inode, size or mtime changes, so a rotated key is
+# used by the next save), and a compile that records a graph for a package
+# prepares config.package_signing_key's signer while it compiles (seconds),
+# so that save_package() and save_compiled_function() only sign. The private
+# key stays in the process, as it would in any process that signs repeatedly;
+# a bad key file is still reported by the save that needs it.
+@functools.lru_cache(maxsize=8)
+def _signer_of(path: str, inode: int, size: int, mtime_ns: int):
+    return ed25519_backend().signer(load_private_key(path))
+
+
+def _signer(key_file: str):
+    try:
+        stat = os.stat(key_file)
+    except OSError as e:
+        raise PackageError(f"signing key file {key_file} cannot be read: {e}") from e
+    return _signer_of(os.fspath(key_file), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def prepare_signing_key() -> None:
+    """Make config.package_signing_key's signer ready now, ahead of the save that
+    signs with it (NOTE: [Signing keys are prepared before the save]); a key
+    that cannot be used is left for that save to report."""
+    key_file = torch._dynamo.config.package_signing_key
+    if key_file:
+        try:
+            _signer(key_file)
+        except PackageError:
+            pass
+
+
 def sign_manifest(data: bytes, key_file: Optional[str] = None) -> Optional[bytes]:
     """The signature file for manifest bytes ``data``, with ``key_file`` (default:
     config.package_signing_key); None when no key is configured."""
     key_file = key_file or torch._dynamo.config.package_signing_key
     if not key_file:
         return None
-    signature, public = ed25519_backend().sign(load_private_key(key_file), data)
+    signer = _signer(key_file)
+    signature, public = signer.sign(data), signer.public
     record = {
         "format": SIGNATURE_FORMAT,
         "algorithm": "ed25519",
