@@ -824,6 +824,57 @@ class TestPackageFormat(PackageTestCase):
         self.assertEqual(leftovers, [])
 
 
+WRAPPER_HEADER = "from torch._inductor.async_compile import AsyncCompile\nasync_compile = AsyncCompile()\n"
+WRAPPER_KERNEL = (
+    "cpp_fused_{i} = async_compile.cpp_pybinding(['float*', 'const int64_t'], '''\n"
+    '#include "/tmp/cache/pb/cpp_prefix.h"\n'
+    'extern "C" void kernel(float* a, const int64_t n) {{ a[0] = {i}; }}\n'
+    "''')\n\n\n"
+)
+WRAPPER_CALL = "def call(args):\n    cpp_fused_0(args[0], 1)\n    return args\n"
+
+
+class TestWrapperKernels(torch._dynamo.test_case.TestCase):
+    """The kernels a graph's wrapper code loads, found by statement or, for code
+    in any other form, by walking the module (NOTE: [Finding a wrapper's kernels])."""
+
+    def kernels(self, count):
+        return [
+            (["float*", "const int64_t"], WRAPPER_KERNEL.format(i=i).split("'''")[1])
+            for i in range(count)
+        ]
+
+    @parametrize(
+        "extra,by_statement,extra_kernels",
+        [
+            ("", True, []),
+            # calls not in Inductor's statement form are found by walking the module
+            ("def hidden():\n    return async_compile.cpp_pybinding(['int'], 'int x;')\n", False, [(["int"], "int x;")]),
+            ("k = async_compile.cpp_pybinding(['int'], \"\"\"int x; ''')\"\"\")\n", False, [(["int"], "int x; ''')")]),
+            ("k = async_compile.cpp_pybinding(['int'], 'int x;')\n", False, [(["int"], "int x;")]),
+            # a definition inside a string literal: the statement scan finds it too
+            ('doc = """\nx = async_compile.cpp_pybinding([\'int\'], \'\'\'int y;\'\'\')\n"""\n', True, [(["int"], "int y;")]),
+            ("doc = '''\nx = async_compile.cpp_pybinding(['int'], 'int y;')\n'''\n", False, []),
+        ],
+    )
+    def test_kernels_of_wrapper_code(self, extra, by_statement, extra_kernels):
+        from torch._dynamo.package_artifacts import _kernel_sources, _kernel_sources_by_statement
+
+        source = WRAPPER_HEADER + "".join(WRAPPER_KERNEL.format(i=i) for i in range(3)) + extra + WRAPPER_CALL
+        self.assertEqual(_kernel_sources_by_statement(source) is not None, by_statement)
+        self.assertEqual(_kernel_sources(source), self.kernels(3) + extra_kernels)
+
+    def test_damaged_wrapper_code(self):
+        from torch._dynamo.package_artifacts import _kernel_sources
+
+        source = WRAPPER_HEADER + WRAPPER_KERNEL.format(i=0) + WRAPPER_CALL
+        self.assertEqual(_kernel_sources(source), self.kernels(1))
+        with self.assertRaises(SyntaxError):
+            _kernel_sources(source.replace("''')", "'')"))
+        # a kernel whose arguments are not literals is not one a package can hold
+        self.assertEqual(_kernel_sources(source.replace("['float*', 'const int64_t']", "argtypes")), [])
+
+
 # Each torch.compile mode / option of OPTION_CASES on a tiny module: compiled
 # and saved by one process (torch._dynamo.reset() between options), loaded by a
 # fresh one with an empty inductor cache. A custom backend gets its options as
@@ -1026,6 +1077,7 @@ instantiate_parametrized_tests(TestPackage)
 instantiate_parametrized_tests(TestPackageCompileOptions)
 instantiate_parametrized_tests(TestPackageFormat)
 instantiate_parametrized_tests(TestPackageAndReset)
+instantiate_parametrized_tests(TestWrapperKernels)
 
 
 if __name__ == "__main__":
