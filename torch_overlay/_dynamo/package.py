@@ -1315,12 +1315,18 @@ class CompilePackage:
         if isinstance(fn, torch.nn.Module):
             holders = [type(m).forward for m in fn.modules()]
             names |= {type(m).__module__ for m in fn.modules()}
+        seen_globals: set[int] = set()
         for holder in holders:
             holder = getattr(holder, "__func__", holder)
             f_globals = getattr(holder, "__globals__", None) or {}
             own = f_globals.get("__name__") or getattr(holder, "__module__", None)
             if isinstance(own, str):
                 names.add(own)
+            if id(f_globals) in seen_globals:
+                # Submodules of one class (32 Linear layers) share one module's
+                # globals: read each once (a load calls this for every entry).
+                continue
+            seen_globals.add(id(f_globals))
             for value in f_globals.values():
                 owner = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
                 if isinstance(owner, str):
