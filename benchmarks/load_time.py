@@ -164,15 +164,51 @@ def measure_config(config, model, workdir: Path, primed: dict) -> float:
 # NOTE: [Phases of a load]
 # A package load, one fresh process, split where the time goes: importing
 # torch; importing the Dynamo runtime (torch._dynamo, its guards and the
-# package loader); building the model and wrapping it with torch.compile; the
-# loader's own phases from CompilePackage.load_stats (reading the files with
-# the manifest and sha256 check, unpickling entries and graphs, installing
-# entries); then on the first call under fail_on_recompile the guard build
-# (CheckFunctionManager in load mode), the graph hydration (kernel .so load,
-# AOTAutograd's runtime wrappers) and the rest of the call. The two first-call
-# phases are timed by wrapping the classes the loader calls.
-PHASES = r"""
-import sys, time, json
+# package loader); building the model (its parameters' initialisation, which
+# eager pays too) and wrapping it with torch.compile; the loader's own phases
+# from CompilePackage.load_stats (reading the files with the manifest and
+# sha256 check, unpickling entries and graphs with the check that every
+# kernel a graph's code loads is in the package, installing entries); then on
+# the first call under fail_on_recompile the guard build (CheckFunctionManager
+# in load mode), the graph hydration (kernel .so load, the wrapper module's
+# compile, AOTAutograd's runtime wrappers), the model's own computation (the
+# hydrated graph's run: kernels, addmm, ...) and what is left of the call
+# (Dynamo's frame handling). These first-call phases are timed by wrapping
+# the classes the loader calls. The model's computation is eager's first call
+# too, and on a machine whose cores other jobs share it is the noisiest
+# figure: two OpenMP threads wait for each other at every parallel region, so
+# a 32-block forward took 0.15 s on a quiet machine and 2-3.6 s, in eager and
+# loaded alike, while another job ran. It is shown apart, never left in "rest
+# of the first call" (as it was until 2026-12-01, when that row read 2.5 s
+# for 32 blocks). Eager runs in its own process alongside each load (same
+# script shape: import torch, build the model, first call), "× eager"
+# compares the two processes of one round, and "× eager without the model's
+# computation" leaves both first calls' computation out: the ratio of the
+# start-up work, which the load decides. Both processes also time Python's
+# garbage collections (gc.callbacks), which fall inside the other rows: the
+# loading process imports Dynamo (about 100k more live objects than eager),
+# and each full collection walks them all; the one the first call's first
+# allocation triggers was most of "rest of the first call" for 32 blocks.
+GC_TIMER = r"""
+import gc
+gc_timed = {{"gc_s": 0.0, "gc_full_s": 0.0}}
+gc_started = [0.0]
+
+
+def time_collections(phase, info):
+    if phase == "start":
+        gc_started[0] = time.perf_counter()
+        return
+    took = time.perf_counter() - gc_started[0]
+    gc_timed["gc_s"] += took
+    if info["generation"] == 2:
+        gc_timed["gc_full_s"] += took
+
+
+gc.callbacks.append(time_collections)
+"""
+
+PHASES = "import sys, time, json\n" + GC_TIMER + r"""
 import torch
 imported_torch = time.time()
 import torch._dynamo
@@ -183,7 +219,7 @@ imported_dynamo = time.time()
 sys.path.insert(0, {bench!r})
 import models
 
-timed = {{"guard_build_s": 0.0, "hydrate_s": 0.0}}
+timed = {{"guard_build_s": 0.0, "hydrate_s": 0.0, "graph_calls_s": []}}
 base_manager = guards_module.CheckFunctionManager
 
 
@@ -207,6 +243,18 @@ def timed_hydrate(self, full_args):
 
 
 artifacts_module._PackagedInductorGraph._hydrate = timed_hydrate
+graph_call = artifacts_module._PackagedInductorGraph.__call__
+
+
+def timed_graph_call(self, *args):
+    started = time.perf_counter()
+    try:
+        return graph_call(self, *args)
+    finally:
+        timed["graph_calls_s"].append(time.perf_counter() - started)
+
+
+artifacts_module._PackagedInductorGraph.__call__ = timed_graph_call
 load_files = package_module.CompilePackage.load_files
 stats = []
 
@@ -220,6 +268,7 @@ def recording_load_files(self, *args, **kwargs):
 
 package_module.CompilePackage.load_files = recording_load_files
 model, inputs = models.MODELS[{model!r}]()
+built = time.time()
 compiled = torch.compile(model, package={artifact!r})
 wrapped = time.time()
 compiled.load_package()
@@ -230,9 +279,23 @@ with torch.no_grad():
 called = time.time()
 print("FIRST_OUTPUT", called, flush=True)
 print("REPORT" + json.dumps({{
-    "times": [imported_torch, imported_dynamo, wrapped, loaded, called],
-    "stats": stats[-1], **timed,
+    "times": [imported_torch, imported_dynamo, built, wrapped, loaded, called],
+    "stats": stats[-1], **timed, **gc_timed,
 }}))
+"""
+
+EAGER_PHASES = "import sys, time, json\n" + GC_TIMER + r"""
+import torch
+imported_torch = time.time()
+sys.path.insert(0, {bench!r})
+import models
+model, inputs = models.MODELS[{model!r}]()
+built = time.time()
+with torch.no_grad():
+    out = model(*inputs)
+called = time.time()
+print("FIRST_OUTPUT", called, flush=True)
+print("REPORT" + json.dumps({{"times": [imported_torch, built, called], **gc_timed}}))
 """
 
 # NOTE: [Many packages in one process]
@@ -284,34 +347,76 @@ def _timed_child(code: str, cache: str) -> tuple[float, dict]:
     return float(first.split()[1]) - started, report
 
 
+def _package_phases(report: dict) -> dict[str, float]:
+    """The phases of one package-loading process's REPORT (NOTE: [Phases of a load])."""
+    imported_torch, imported_dynamo, built, wrapped, loaded, called = report["times"]
+    stats = report["stats"]
+    loader = stats["verify_s"] + stats["unpickle_s"] + stats["install_s"]
+    # the graphs' runs in the first call, their hydration left out
+    computation = sum(report["graph_calls_s"]) - report["hydrate_s"]
+    return {
+        "import torch": imported_torch - report["started"],
+        "import the Dynamo runtime": imported_dynamo - imported_torch,
+        "build the model (eager does too)": built - imported_dynamo,
+        "torch.compile wrap": wrapped - built,
+        "read files, manifest + sha256": (loaded - wrapped) - loader + stats["verify_s"],
+        "unpickle entries and graphs, kernel check": stats["unpickle_s"],
+        "install entries": stats["install_s"],
+        "guard build (first call)": report["guard_build_s"],
+        "kernel load + runtime wrappers (first call)": report["hydrate_s"],
+        "the model's computation (first call)": computation,
+        "rest of the first call": (called - loaded)
+        - report["guard_build_s"]
+        - report["hydrate_s"]
+        - computation,
+        "garbage collection (inside the rows above)": report["gc_s"],
+        "of which full collections": report["gc_full_s"],
+    }
+
+
+def _eager_phases(report: dict) -> dict[str, float]:
+    """The eager process's phases, same script shape as the package's."""
+    imported_torch, built, called = report["times"]
+    return {
+        "eager: import torch": imported_torch - report["started"],
+        "eager: build the model": built - imported_torch,
+        "eager: first call (the model's computation)": called - built,
+        "eager: garbage collection (inside its rows)": report["gc_s"],
+        "eager: of which full collections": report["gc_full_s"],
+    }
+
+
 def phase_breakdown(model: str, workdir: Path, runs: int) -> dict:
     """Phases of a package load (NOTE: [Phases of a load]) with eager alongside,
-    medians over ``runs`` fresh processes, and the package's size."""
+    min and median over ``runs`` rounds of fresh processes, and the package's size."""
     prime_dir = Path(tempfile.mkdtemp(dir=workdir))
     artifact = str(prime_dir / "pkg")
     _child("overlay", True, str(prime_dir / "cache"), PRIME["package"], model, artifact, measure=False)
     per_run: dict[str, list[float]] = {}
-    for _ in range(runs):
-        eager = _child("overlay", True, tempfile.mkdtemp(dir=workdir), MEASURED["eager"], model, "")
+    for run in range(runs):
+        eager_code = EAGER_PHASES.format(bench=str(BENCH_DIR), model=model)
+        eager, eager_report = _timed_child(eager_code, tempfile.mkdtemp(dir=workdir))
         code = PHASES.format(bench=str(BENCH_DIR), model=model, artifact=artifact)
         total, report = _timed_child(code, tempfile.mkdtemp(dir=workdir))
-        imported_torch, imported_dynamo, wrapped, loaded, called = report["times"]
         stats = report["stats"]
-        loader = stats["verify_s"] + stats["unpickle_s"] + stats["install_s"]
-        phases = {
-            "import torch": imported_torch - report["started"],
-            "import the Dynamo runtime": imported_dynamo - imported_torch,
-            "model + torch.compile wrap": wrapped - imported_dynamo,
-            "read files, manifest + sha256": (loaded - wrapped) - loader + stats["verify_s"],
-            "unpickle entries and graphs": stats["unpickle_s"],
-            "install entries": stats["install_s"],
-            "guard build (first call)": report["guard_build_s"],
-            "kernel load + runtime wrappers (first call)": report["hydrate_s"],
-            "rest of the first call": (called - loaded) - report["guard_build_s"] - report["hydrate_s"],
-            "total": total,
-            "eager": eager,
-            "× eager": total / eager,
-        }
+        phases = _package_phases(report)
+        eager_phases = _eager_phases(eager_report)
+        forward = phases["the model's computation (first call)"]
+        eager_forward = eager_phases["eager: first call (the model's computation)"]
+        phases.update(
+            {
+                "total": total,
+                **eager_phases,
+                "eager": eager,
+                "× eager": total / eager,
+                "× eager without the model's computation": (total - forward) / (eager - eager_forward),
+            }
+        )
+        print(
+            f"{model} phases run {run}: total {total:.2f} s, eager {eager:.2f} s, "
+            f"forward {forward:.2f} / {eager_forward:.2f} s",
+            flush=True,
+        )
         for key, value in phases.items():
             per_run.setdefault(key, []).append(value)
     size = sum(f.stat().st_size for f in Path(artifact).rglob("*") if f.is_file())
@@ -320,6 +425,7 @@ def phase_breakdown(model: str, workdir: Path, runs: int) -> dict:
         "kernels": stats["kernels"],
         "package_mb": size / 1e6,
         "phases_s": {key: statistics.median(values) for key, values in per_run.items()},
+        "phases_min_s": {key: min(values) for key, values in per_run.items()},
     }
 
 
@@ -434,6 +540,12 @@ def make_parser() -> argparse.ArgumentParser:
         help="transformer stacks for the phase breakdown and growth table ('' skips)",
     )
     parser.add_argument(
+        "--phases-only",
+        action="store_true",
+        help="measure only the phase breakdown (mlp and --growth-blocks), into the "
+        "report --out already holds (a new one if there is none)",
+    )
+    parser.add_argument(
         "--steady-state-only",
         action="store_true",
         help="measure only the steady state, into the report --out already holds",
@@ -476,15 +588,37 @@ def measure_everything(args, report: dict, configs: list, workdir: Path) -> None
     primed: dict = {}
     for model in args.models.split(","):
         report["models"][model] = measure_model(model, configs, args.runs, workdir, primed)
-    report["phases"] = {
-        model: phase_breakdown(model, workdir, args.runs)
-        for model in ["mlp"] + [f"blocks{n}" for n in filter(None, args.growth_blocks.split(","))]
-    }
-    for model, phases in report["phases"].items():
-        print(model, json.dumps(phases), flush=True)
+    report["phases"] = measure_phases(args, workdir)
     report["many_packages"] = many_packages(workdir, args.runs)
     print("many packages", json.dumps(report["many_packages"]), flush=True)
     report["steady_state_mlp_us"] = steady_state(workdir, args.runs)
+
+
+def measure_phases(args, workdir: Path) -> dict:
+    """The phase breakdown of the MLP and of each --growth-blocks stack."""
+    phases = {
+        model: phase_breakdown(model, workdir, args.runs)
+        for model in ["mlp"] + [f"blocks{n}" for n in filter(None, args.growth_blocks.split(","))]
+    }
+    for model, model_phases in phases.items():
+        print(model, json.dumps(model_phases), flush=True)
+    return phases
+
+
+def remeasure_phases(args, out: Path) -> int:
+    """--phases-only: the phase breakdown again, into the report ``out`` holds."""
+    workdir = Path(tempfile.mkdtemp(prefix="load-time-"))
+    json_path = out.with_suffix(".json")
+    report = json.loads(json_path.read_text()) if json_path.exists() else {}
+    report.setdefault("machine", f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}")
+    report.setdefault("runs", args.runs)
+    report.setdefault("models", {})
+    try:
+        import_time(True)  # materialises the overlay for this series, not timed
+        report["phases"] = measure_phases(args, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return write_report(report, out)
 
 
 def remeasure_steady_state(out: Path, runs: int) -> int:
@@ -505,6 +639,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     if args.steady_state_only:
         return remeasure_steady_state(out, args.runs)
+    if args.phases_only:
+        return remeasure_phases(args, out)
     configs = [c for c in CONFIGS if c[1] == "overlay" or UPSTREAM_PY.exists()]
     if args.configs:
         wanted = set(args.configs.split(",")) | {"eager", "compile"}
@@ -563,23 +699,27 @@ def render_model(model: str, rows: dict) -> list[str]:
 
 
 def render_phases(phases: dict) -> list[str]:
-    """The phase breakdown table, one column per model (NOTE: [Phases of a load])."""
+    """The phase breakdown table, one column per model (NOTE: [Phases of a load]):
+    min / median seconds per cell where the report has minimums, else medians."""
     models = list(phases)
+    with_min = all("phases_min_s" in phases[m] for m in models)
     lines = [
         "Phases of a package load, empty inductor cache (NOTE: [Phases of a load] in "
-        "benchmarks/load_time.py), median seconds; blocksN is a stack of N transformer blocks:",
+        f"benchmarks/load_time.py), {'min / median' if with_min else 'median'} seconds; "
+        "blocksN is a stack of N transformer blocks:",
         "",
         "| phase | " + " | ".join(models) + " |",
         "|---|" + "---|" * len(models),
     ]
     for key, label in (("entries", "entries"), ("kernels", "kernel binaries"), ("package_mb", "package MB")):
         lines.append(f"| {label} | " + " | ".join(f"{phases[m][key]:.3g}" for m in models) + " |")
+
+    def cell(model: str, phase: str) -> str:
+        median = f"{phases[model]['phases_s'][phase]:.3f}"
+        return f"{phases[model]['phases_min_s'][phase]:.3f} / {median}" if with_min else median
+
     for phase in phases[models[0]]["phases_s"]:
-        lines.append(
-            f"| {phase} | "
-            + " | ".join(f"{phases[m]['phases_s'][phase]:.3f}" for m in models)
-            + " |"
-        )
+        lines.append(f"| {phase} | " + " | ".join(cell(m, phase) for m in models) + " |")
     lines.append("")
     return lines
 
@@ -631,11 +771,12 @@ def render(report: dict) -> str:
         lines += render_phases(report["phases"])
     if report.get("many_packages"):
         lines += render_many_packages(report["many_packages"])
-    imp = report["import_torch_s"]
-    lines.append(
-        f"`import torch`: stock {imp['stock']['median']:.2f} s, with the overlay "
-        f"active {imp['overlay']['median']:.2f} s (median)."
-    )
+    imp = report.get("import_torch_s")
+    if imp:
+        lines.append(
+            f"`import torch`: stock {imp['stock']['median']:.2f} s, with the overlay "
+            f"active {imp['overlay']['median']:.2f} s (median)."
+        )
     if report.get("steady_state_mlp_us"):
         lines += render_steady_state(report["steady_state_mlp_us"])
     return "\n".join(lines) + "\n"
