@@ -9,6 +9,7 @@ compiles in that same process, imports them, and must give eager's result. Each
 load logs one INFO line saying what it loaded and what it cost.
 """
 
+import builtins
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import types
 from pathlib import Path
 
 import torch._dynamo.test_case
@@ -34,10 +36,18 @@ import torch._dynamo.test_case
 # to recognise one FSDP2 method while tracing (patches
 # functorch-The-partitioner-imports-networkx-only-for-the-dynamic_memory_budget_dp-solver
 # and dynamo-The-variable-trackers-look-FSDP2-up-instead-of-importing-it).
-# Dynamo's tracer itself (symbolic_convert, the variable trackers) and sympy
-# are still imported by `import torch._dynamo`, and the torch object rule map
-# that torch.compile() and the frame callback consult imports every object it
-# names (torch.onnx, torch.distributed.tensor, ...): they are not in this list.
+# And sympy with torch.utils._sympy and symbolic_shapes, which shapes that
+# are static never need: Dynamo, AOTAutograd and Inductor's runtime import
+# them where they trace or compile, and `import torch._dynamo` no longer
+# builds the torch object rule map, whose names import symbolic_shapes,
+# torch.distributed.tensor and the rest (patches
+# dynamo-Dynamo-imports-symbolic_shapes-and-sympy-only-when-it-traces,
+# functorch-AOTAutograd-imports-symbolic_shapes-only-when-it-traces,
+# inductor-The-runtime-of-compiled-graphs-imports-sympy-only-when-Inductor-compiles
+# and dynamo-import-torch._dynamo-does-not-build-the-torch-object-rule-map).
+# Dynamo's tracer itself (symbolic_convert, the variable trackers) is still
+# imported by `import torch._dynamo`, and so are torch.onnx and, where it is
+# installed, triton: they are not in this list.
 COMPILE_ONLY_MODULES = [
     "torch._inductor.compile_fx",
     "torch._inductor.lowering",
@@ -59,6 +69,13 @@ COMPILE_ONLY_MODULES = [
     "torch._functorch._activation_checkpointing.graph_info_provider",
     "torch.distributed.fsdp",
     "torch.distributed.fsdp._fully_shard",
+    "sympy",
+    "torch.utils._sympy.functions",
+    "torch.utils._sympy.value_ranges",
+    "torch.fx.experimental.symbolic_shapes",
+    "torch.fx.passes._tensorify_python_scalars",
+    "torch._inductor.codegen.common",
+    "torch.distributed.tensor._api",
 ]
 
 MODEL = """
@@ -190,12 +207,33 @@ class TestLoadImports(torch._dynamo.test_case.TestCase):
         self.assertGreaterEqual(report["frames_compiled"], 1)
         self.assertIn("torch._inductor.compile_fx", report["imported_after_miss"])
         self.assertIn("torch._inductor.lowering", report["imported_after_miss"])
+        self.assertIn("sympy", report["imported_after_miss"])
 
     def test_package_load_imports_only_the_runtime(self):
         self.check_loads_only_the_runtime("package")
 
     def test_load_compiled_function_imports_only_the_runtime(self):
         self.check_loads_only_the_runtime("aot")
+
+    def test_rule_map_lookups_without_the_map_agree_with_it(self):
+        # See NOTE: [The torch object rule map is built on first use]: before
+        # the map is built, a bound method is looked up as "not in the map"
+        # and a code object in the map's "file#name" entries.
+        from torch._dynamo import trace_rules
+
+        rule_map = trace_rules.get_torch_obj_rule_map()
+        self.assertTrue(trace_rules.rule_map_is_built())
+        self.assertEqual(
+            [key for key in rule_map if isinstance(key, types.MethodType)], []
+        )
+        self.assertEqual(
+            trace_rules.get_torch_file_rule_map(),
+            {key: rule for key, rule in rule_map.items() if isinstance(key, str)},
+        )
+        # The polyfills Dynamo registered while it was imported are in it.
+        self.assertIs(
+            rule_map[builtins.all], torch._dynamo.variables.PolyfilledFunctionVariable
+        )
 
 
 if __name__ == "__main__":
