@@ -224,10 +224,20 @@ active: False""",
         self.run_python("import torch._dynamo.guards")
         self.assertEqual(pyc.stat().st_mtime_ns, before)
 
-    def test_bytecode_cache_honours_dont_write_bytecode(self):
-        self.run_python("import torch._dynamo.guards", PYTHONDONTWRITEBYTECODE="1")
+    def test_bytecode_cache_is_written_under_dont_write_bytecode(self):
+        # NOTE: [Overlay bytecode under PYTHONDONTWRITEBYTECODE]: the overlay's
+        # cache is its installation; nothing is written next to any source.
+        mirrored_pycache = Path(importer.__file__).parents[1] / "_dynamo" / "__pycache__"
+        before = set(mirrored_pycache.glob("*.pyc")) if mirrored_pycache.exists() else set()
+        self.run_python("import torch._dynamo.package", PYTHONDONTWRITEBYTECODE="1")
         tree = self._materialize_here()
-        self.assertEqual(list(tree.root.glob("__pycache__/*.pyc")), [])
+        pyc = next((tree.root / "__pycache__").glob("torch._dynamo.guards.*.pyc"))
+        mirrored = next((tree.root / "__pycache__" / "mirrored").glob("torch._dynamo.package.*.pyc"))
+        written = (pyc.stat().st_mtime_ns, mirrored.stat().st_mtime_ns)
+        self.run_python("import torch._dynamo.package", PYTHONDONTWRITEBYTECODE="1")
+        self.assertEqual((pyc.stat().st_mtime_ns, mirrored.stat().st_mtime_ns), written)
+        after = set(mirrored_pycache.glob("*.pyc")) if mirrored_pycache.exists() else set()
+        self.assertEqual(after - before, set())
 
     def test_traceback_points_into_patched_source(self):
         # make_guard_filter_entry exists only in the patched guards.py: a failure in
@@ -273,11 +283,24 @@ active: False""",
         # The check discriminates: a file outside torch's tree is not skipped.
         self.assertFalse(info["outside"])
         self.assertIn("torch._dynamo.guards", info["served"])
+        # A patched module is decided as stock torch decides its file (a few
+        # torch modules, e.g. torch._higher_order_ops.triton_kernel_wrap, are
+        # inlined by design); a new mirrored module as a torch internal: skipped.
+        stock = json.loads(
+            self.run_python(
+                f"""
+                import json, os, torch._dynamo.trace_rules as trace_rules
+                paths = {[path for path, _ in info["served"].values()]!r}
+                print(json.dumps({{p: trace_rules.check_file(p).skipped for p in paths if os.path.exists(p)}}))
+                """,
+                overlay=False,
+            ).stdout.strip().splitlines()[-1]
+        )
         for name, (path, skipped) in info["served"].items():
             if path.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
                 # Compiled code: Dynamo has no bytecode to trace, whatever the path.
                 continue
-            self.assertTrue(skipped, f"Dynamo would trace into {name} ({path})")
+            self.assertEqual(skipped, stock.get(path, True), f"Dynamo decides {name} ({path}) unlike stock torch")
 
     def test_mirrored_module_is_served_under_its_upstream_path(self):
         probe = self.tmp / "mirror" / "_dynamo" / "overlay_probe.py"
