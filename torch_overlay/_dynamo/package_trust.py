@@ -210,7 +210,19 @@ ED25519_KEY_BYTES = 32
 ED25519_SIGNATURE_BYTES = 64
 
 
-class _OpenSSLEd25519:
+class _Ed25519Backend:
+    """What both backends share: signing once with a key given as raw bytes."""
+
+    def signer(self, private_raw: bytes):
+        raise NotImplementedError
+
+    def sign(self, private_raw: bytes, data: bytes) -> tuple[bytes, bytes]:
+        """The signature of ``data`` and the raw public key of ``private_raw``."""
+        signer = self.signer(private_raw)
+        return signer.sign(data), signer.public
+
+
+class _OpenSSLEd25519(_Ed25519Backend):
     """Ed25519 with raw keys through the libcrypto Python's hashlib loaded."""
 
     NID_ED25519 = 1087  # OpenSSL's EVP_PKEY_ED25519
@@ -262,11 +274,6 @@ class _OpenSSLEd25519:
         """``private_raw`` made into an OpenSSL key once, to sign with many times."""
         return _OpenSSLSigner(self, private_raw)
 
-    def sign(self, private_raw: bytes, data: bytes) -> tuple[bytes, bytes]:
-        """The signature of ``data`` and the raw public key of ``private_raw``."""
-        signer = self.signer(private_raw)
-        return signer.sign(data), signer.public
-
     def verify(self, public_raw: bytes, signature: bytes, data: bytes) -> bool:
         lib = self._lib
         key = self._key(public_raw, private=False)
@@ -317,17 +324,12 @@ class _OpenSSLSigner:
             self._lib.EVP_PKEY_free(self._key)
 
 
-class _CryptographyEd25519:
+class _CryptographyEd25519(_Ed25519Backend):
     """Ed25519 with raw keys through the cryptography package."""
 
     def signer(self, private_raw: bytes) -> _CryptographySigner:
         """``private_raw`` made into a cryptography key once, to sign with many times."""
         return _CryptographySigner(_ed25519().Ed25519PrivateKey.from_private_bytes(private_raw))
-
-    def sign(self, private_raw: bytes, data: bytes) -> tuple[bytes, bytes]:
-        """The signature of ``data`` and the raw public key of ``private_raw``."""
-        signer = self.signer(private_raw)
-        return signer.sign(data), signer.public
 
     def verify(self, public_raw: bytes, signature: bytes, data: bytes) -> bool:
         from cryptography.exceptions import InvalidSignature
