@@ -19,6 +19,18 @@ DIFF_ARGS ?=
 .PHONY: agree-overlay-wheel
 .PHONY: venv ext lint test test-overlay test-wheel wheel wheel-venv export export-check export-check-imports status edit refresh clean demo bench-guards bench-load bench-signing fuzz
 
+# Other supported bases (a series in patches/v<BASE>/series; the overlay picks the
+# series of the installed torch): `make venv BASE=2.6.0` / `make test BASE=2.6.0`
+# use .venv-<BASE> instead of .venv (see "Other supported bases" further down).
+# rebase-check's BASE is any release, not a supported base.
+SUPPORTED_BASES := $(patsubst patches/v%/series,%,$(wildcard patches/v*/series))
+OTHER_BASE := $(if $(filter rebase-check,$(MAKECMDGOALS)),,$(filter-out $(BASE_TORCH),$(BASE)))
+ifneq ($(OTHER_BASE),)
+ifeq ($(filter $(OTHER_BASE),$(SUPPORTED_BASES)),)
+$(error BASE=$(OTHER_BASE) has no series (patches/v$(OTHER_BASE)/series); supported bases: $(SUPPORTED_BASES))
+endif
+endif
+
 # The C++ extension (torch_overlay/csrc/ and the compat layer's glue, see setup.py),
 # built in place in the compat layer: torch_overlay/compat/_functorch/ holds the
 # torch._functorch module it provides.
@@ -56,7 +68,11 @@ $(ZOO_STAMP): $(STAMP)
 	$(PY) -m pip install "torch==$(BASE_TORCH)" "torchvision==$(ZOO_TORCHVISION)" "transformers==$(ZOO_TRANSFORMERS)"
 	touch $@
 
+ifeq ($(OTHER_BASE),)
 venv: $(STAMP) $(EXT_SO) $(ZOO_STAMP)
+else
+venv: base-venv
+endif
 
 # Rebuilds the extension after a change to its sources (never done at import).
 $(EXT_SO): $(EXT_SRCS) setup.py | $(STAMP) $(NLOHMANN_JSON_HEADER)
@@ -68,9 +84,13 @@ ext: $(EXT_SO)
 # wheel's in its own; neither shares a cache directory with the other), each
 # one's output printed whole when it finishes (--output-sync=target); then the
 # checks that read both.
+ifeq ($(OTHER_BASE),)
 test: lint
 	$(MAKE) -j2 --output-sync=target test-overlay test-wheel
 	$(MAKE) export-check-imports agree-overlay-wheel
+else
+test: test-base
+endif
 
 # Lint as upstream does (configuration in pyproject.toml): ruff with upstream
 # pytorch's rule selection over the whole tree, and mypy on the mirrored torch
@@ -264,10 +284,52 @@ status: venv
 	$(PY) -m torch_overlay status
 
 edit: venv
-	$(PY) -m torch_overlay edit
+	$(PY) -m torch_overlay edit$(if $(OTHER_BASE), --base $(OTHER_BASE))
 
 refresh: venv
-	$(PY) -m torch_overlay refresh
+	$(PY) -m torch_overlay refresh$(if $(OTHER_BASE), --base $(OTHER_BASE))
 
 clean:
 	rm -rf $(BUILD) dist
+
+# Other supported bases (issue #17): stock torch <BASE> + the overlay, which serves
+# patches/v<BASE>/series there. The venv .venv-<BASE> gets torch==<BASE> from the
+# registry (pip's cache keeps the large CUDA wheels after the first download), the
+# test extra of pyproject.toml and the zoo's libraries, and the checkout on sys.path
+# through a .pth file, not `pip install -e`: an editable build would compile the C++
+# extension in place, over .venv's build of the same file name. The extension is
+# built against <BASE>'s headers into $(BUILD)/ext/torch-<BASE>/, where the overlay
+# loads it from when torch <BASE> is installed (NOTE: [One extension build per base]
+# in torch_overlay/_overlay/series.py).
+.PHONY: base-venv test-base test-base-subset
+BASE_VENV := .venv-$(OTHER_BASE)
+BASE_PY := $(abspath $(BASE_VENV))/bin/python
+BASE_STAMP := $(BASE_VENV)/.torch_overlay-installed
+BASE_EXT_SO := $(BUILD)/ext/torch-$(OTHER_BASE)/torch_overlay/compat/_functorch/_interpreter_serialization_C$(EXT_SUFFIX)
+# torchvision's release for each base torch (the zoo tests).
+ZOO_TORCHVISION_2.6.0 := 0.21.0
+
+$(BASE_STAMP): pyproject.toml torch_overlay.pth | $(NLOHMANN_JSON_HEADER)
+	test -x $(BASE_PY) || $(PYTHON_BOOT) -m venv $(BASE_VENV)
+	$(BASE_PY) -m pip install --upgrade "pip>=23" "setuptools>=68" wheel
+	$(BASE_PY) -m pip install "torch==$(OTHER_BASE)" ninja
+	$(BASE_PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))' > $(BASE_VENV)/test-requirements.txt
+	$(BASE_PY) -m pip install "torch==$(OTHER_BASE)" -r $(BASE_VENV)/test-requirements.txt
+	$(BASE_PY) -m pip install "torch==$(OTHER_BASE)" "torchvision==$(ZOO_TORCHVISION_$(OTHER_BASE))" "transformers==$(ZOO_TRANSFORMERS)"
+	echo "$(CURDIR)" > "$$($(BASE_PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_torch_overlay_checkout.pth"
+	$(BASE_PY) -m torch_overlay install-pth
+	touch $@
+
+$(BASE_EXT_SO): $(EXT_SRCS) setup.py | $(BASE_STAMP) $(NLOHMANN_JSON_HEADER)
+	$(BASE_PY) setup.py -q build_ext --build-lib $(BUILD)/ext/torch-$(OTHER_BASE) --build-temp $(BUILD)/ext-temp/torch-$(OTHER_BASE)
+
+base-venv: $(BASE_STAMP) $(BASE_EXT_SO)
+	$(BASE_PY) -m torch_overlay materialize
+
+# The same suite on the other base's overlay. Not run for it (2.7.1 only): lint
+# (the mirrored modules are type-checked once, against 2.7.1's typing view), the
+# patched wheel and its suite, the upstream export and the overlay/wheel agreement:
+# the wheel, the export and their checks are built from the 2.7.1 series only.
+test-base: base-venv
+	mkdir -p $(BUILD)/junit
+	TORCH_OVERLAY=1 TORCH_OVERLAY_EXPECT=overlay $(BASE_PY) -m pytest test --junitxml=$(BUILD)/junit/overlay-$(OTHER_BASE).xml $(PYTEST_ARGS)

@@ -70,14 +70,20 @@ def _materialize(args) -> int:
 
 
 def _edit(args) -> int:
-    work = workflow.edit(Path(args.work_dir), force=args.force)
+    work = workflow.edit(
+        Path(args.work_dir or workflow.default_work_dir(args.base)),
+        force=args.force,
+        base=args.base,
+    )
     print(f"patched torch sources checked out in {work}; one commit per patch on top of tag {workflow.BASE_TAG}")
     return 0
 
 
 def _refresh(args) -> int:
-    names = workflow.refresh(Path(args.work_dir))
-    print(f"wrote {len(names)} patches to {series.patches_dir()}")
+    names = workflow.refresh(
+        Path(args.work_dir or workflow.default_work_dir(args.base)), base=args.base
+    )
+    print(f"wrote {len(names)} patches to {series.patches_dir(args.base)}")
     for name in names:
         print(f"  {name}")
     return 0
@@ -126,13 +132,19 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("materialize", help="build the patched-source cache now")
     p.add_argument("--force", action="store_true")
     p.set_defaults(fn=_materialize)
-    default_work = str(series.REPO_ROOT / ".overlay-work")
+    base_help = (
+        "the torch release whose series (patches/v<BASE>/) to work on; default: the "
+        "installed torch's (supported: " + ", ".join(series.supported_bases()) + ")"
+    )
+    work_help = "the edit tree (default: .overlay-work, .overlay-work-<BASE> for another base)"
     p = sub.add_parser("edit", help="check the series out into a git tree")
-    p.add_argument("work_dir", nargs="?", default=default_work)
+    p.add_argument("work_dir", nargs="?", help=work_help)
+    p.add_argument("--base", help=base_help)
     p.add_argument("--force", action="store_true", help="replace an existing tree")
     p.set_defaults(fn=_edit)
     p = sub.add_parser("refresh", help="regenerate the patches from the edit tree")
-    p.add_argument("work_dir", nargs="?", default=default_work)
+    p.add_argument("work_dir", nargs="?", help=work_help)
+    p.add_argument("--base", help=base_help)
     p.set_defaults(fn=_refresh)
     p = sub.add_parser("install-pth", help="install torch_overlay.pth into this environment")
     p.set_defaults(fn=_install_pth)

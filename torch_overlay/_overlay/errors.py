@@ -29,16 +29,27 @@ class ActivationTooLateError(OverlayError):
 
 
 class UnsupportedTorchVersionError(OverlayError):
-    """The installed torch is not the release the patch series was written against."""
+    """The installed torch is not a release the overlay has a patch series for."""
 
-    def __init__(self, installed: str, base: str, location: str) -> None:
+    def __init__(
+        self, installed: str, base: str, location: str, supported: list[str] | None = None
+    ) -> None:
         self.installed = installed
         self.base = base
-        super().__init__(
+        self.supported = list(supported or [base])
+        message = (
             f"torch_overlay's patch series targets torch {base}, but torch "
             f"{installed} is installed at {location}. Install torch=={base} "
             "(e.g. `make venv`), or unset TORCH_OVERLAY to run stock torch."
         )
+        others = [b for b in self.supported if b != base]
+        if others:
+            message += (
+                f" Supported bases (a series in patches/v<base>/): "
+                f"{', '.join(self.supported)}; `make venv BASE=<base>` makes "
+                "a venv for another one."
+            )
+        super().__init__(message)
 
 
 class AlreadyPatchedTorchError(OverlayError):

@@ -38,7 +38,14 @@ from .errors import (
     TorchNotFoundError,
     UnsupportedTorchVersionError,
 )
-from .series import base_version, read_series, served_new_modules, series_hash
+from .series import (
+    base_version,
+    patches_dir,
+    read_series,
+    served_new_modules,
+    series_hash,
+    supported_bases,
+)
 
 
 log = logging.getLogger(__name__)
@@ -74,13 +81,20 @@ def find_torch() -> tuple[Path, str]:
     return torch_dir.parent, version
 
 
-def check_torch_version(installed: str, location: str, base: str | None = None) -> None:
-    base = base or base_version()
+def check_torch_version(installed: str, location: str, base: str | None = None) -> str:
+    """The base whose series serves torch ``installed``: ``base`` when given (any
+    other release is refused), else any supported base (NOTE: [Supported bases])."""
     public, _, local = installed.partition("+")
     if local.startswith("overlay"):
         raise AlreadyPatchedTorchError(installed, location)
-    if public != base:
-        raise UnsupportedTorchVersionError(installed, base, location)
+    if base is not None:
+        if public != base:
+            raise UnsupportedTorchVersionError(installed, base, location)
+        return base
+    supported = supported_bases()
+    if public not in supported:
+        raise UnsupportedTorchVersionError(installed, base_version(), location, supported)
+    return public
 
 
 class _OverlaySourceLoader(importlib.abc.InspectLoader):
@@ -293,19 +307,19 @@ def activate() -> OverlayFinder:
 
     Raises :class:`ActivationTooLateError` if a patched module was already imported
     unpatched, and :class:`UnsupportedTorchVersionError` if the installed torch is
-    not the base release.
+    not a supported base (one with a series: NOTE: [Supported bases]).
     """
     global _active_finder
     with _lock:
         if _active_finder is not None:
             return _active_finder
         torch_root, torch_version = find_torch()
-        check_torch_version(torch_version, str(torch_root / "torch"))
-        patches = read_series()
+        base = check_torch_version(torch_version, str(torch_root / "torch"))
+        patches = read_series(patches_dir(base))
         tree = _materialize.materialize(
-            torch_root, torch_version, series_hash(), patches=patches
+            torch_root, torch_version, series_hash(base=base), patches=patches
         )
-        finder = OverlayFinder(torch_root, tree, served_new_modules())
+        finder = OverlayFinder(torch_root, tree, served_new_modules(base))
         too_late = [
             name
             for name in finder.served

@@ -43,15 +43,67 @@ EXTENSION_SUFFIXES = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 
 
 def base_version() -> str:
-    """The torch release the patch set is written against (pinned in one file)."""
+    """The torch release the patch set is written against (pinned in one file).
+
+    The primary base: ``.venv``, ``make test``, the patched wheel and the upstream
+    export are built on it. The overlay also serves the other supported bases
+    (:func:`supported_bases`), each with its own series.
+    """
     return (Path(__file__).parent / "base_version.txt").read_text().strip()
 
 
-def patches_dir() -> Path:
+# NOTE: [Supported bases]
+# The patch set is written against the primary base (base_version.txt) and carried
+# to other torch releases (`python -m torch_overlay rebase-check`, then resolved by
+# hand in `edit --base X.Y.Z`). A release is a supported base when it has a series,
+# patches/vX.Y.Z/series; the overlay serves the series of the installed torch's
+# release, and refuses a torch that has none. The mirrored modules and the compat
+# layer are shared by all bases: where a base lacks an internal API they use, they
+# branch on the version at that one point, with a NOTE saying why.
+def _version_key(version: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"[.+]", version))
+
+
+def supported_bases() -> list[str]:
+    """The torch releases with a series (``patches/v<X.Y.Z>/series``), oldest first."""
+    bases = [p.parent.name[1:] for p in (REPO_ROOT / "patches").glob("v*/series")]
+    return sorted(bases, key=_version_key)
+
+
+def installed_base() -> str:
+    """The base whose series serves the installed torch: its release when that is a
+    supported base, else the primary base (which activation then refuses)."""
+    from .importer import find_torch
+
+    try:
+        _, version = find_torch()
+    except OverlayError:
+        return base_version()
+    public = version.partition("+")[0]
+    return public if public in supported_bases() else base_version()
+
+
+def patches_dir(base: str | None = None) -> Path:
+    """``patches/v<base>``; the installed torch's base by default."""
     override = os.environ.get("TORCH_OVERLAY_PATCHES_DIR")
     if override:
         return Path(override)
-    return REPO_ROOT / "patches" / f"v{base_version()}"
+    return REPO_ROOT / "patches" / f"v{base or installed_base()}"
+
+
+# NOTE: [One extension build per base]
+# The C++ extension is compiled against one torch's headers and ABI, and every
+# build of it has the same file name. The primary base's build lives in place in
+# the compat layer (`make ext`, the editable install of .venv); another base's is
+# built by `make venv BASE=X.Y.Z` into build/ext/torch-X.Y.Z/ (laid out the same,
+# torch_overlay/compat/_functorch/...) and served from there when torch X.Y.Z is
+# installed. So neither build overwrites the other and a venv never loads the
+# other base's.
+def extension_build_dir(base: str) -> Path:
+    """Where the compat layer's C++ extension for torch ``base`` is built."""
+    if base == base_version():
+        return COMPAT_DIR
+    return REPO_ROOT / "build" / "ext" / f"torch-{base}" / "torch_overlay" / "compat"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,18 +190,34 @@ def mirrored_modules(package_dir: Path | None = None) -> dict[str, Path]:
     return result
 
 
-def compat_modules() -> dict[str, Path]:
+def compat_modules(base: str | None = None) -> dict[str, Path]:
     """Map ``torch.X.y`` -> ``torch_overlay/compat/X/y.py`` (or its built extension)
-    for every backport-only module (see NOTE: [The compat layer])."""
+    for every backport-only module (see NOTE: [The compat layer]); the extension
+    is the build for ``base`` (the installed torch's by default; NOTE: [One
+    extension build per base])."""
     if not COMPAT_DIR.is_dir():
         return {}
-    return mirrored_modules(COMPAT_DIR)
+    ext_dir = extension_build_dir(base or installed_base())
+    if ext_dir == COMPAT_DIR:
+        return mirrored_modules(COMPAT_DIR)
+    modules = {
+        name: path
+        for name, path in mirrored_modules(COMPAT_DIR).items()
+        if not path.name.endswith(EXTENSION_SUFFIXES)
+    }
+    if ext_dir.is_dir():
+        modules.update(
+            (name, path)
+            for name, path in mirrored_modules(ext_dir).items()
+            if path.name.endswith(EXTENSION_SUFFIXES)
+        )
+    return modules
 
 
-def served_new_modules() -> dict[str, Path]:
+def served_new_modules(base: str | None = None) -> dict[str, Path]:
     """What the overlay serves and the wheel ships besides the patched files: the
     mirrored new modules and the compat layer's modules."""
-    mirrored, compat = mirrored_modules(), compat_modules()
+    mirrored, compat = mirrored_modules(), compat_modules(base)
     both = sorted(set(mirrored) & set(compat))
     if both:
         raise OverlayError(
@@ -176,20 +244,22 @@ def _hash_files(paths: tuple[tuple[str, str], ...], base: str) -> str:
     return digest.hexdigest()
 
 
-def series_hash(directory: Path | None = None) -> str:
+def series_hash(directory: Path | None = None, base: str | None = None) -> str:
     """Identity of the patch set: the base release, ``series``, every patch, the
     mirrored new modules, the compat layer and the C++ sources.
 
     Keys the materialised cache, names the patched wheel and stamps compile
-    packages: anything that changes what torch runs changes it.
+    packages: anything that changes what torch runs changes it. ``base``: the
+    release the series is for (the installed torch's base by default).
     """
-    directory = directory or patches_dir()
+    base = base or installed_base()
+    directory = directory or patches_dir(base)
     series_file = directory / "series"
     entries = []
     if series_file.exists():
         entries.append(("series", str(series_file)))
     entries += [(p.name, str(p.path)) for p in read_series(directory)]
-    for name, path in sorted(served_new_modules().items()):
+    for name, path in sorted(served_new_modules(base).items()):
         if path.suffix == ".py":
             entries.append((name, str(path)))
     for csrc in (PACKAGE_DIR / "csrc", COMPAT_DIR / "csrc"):
@@ -197,4 +267,4 @@ def series_hash(directory: Path | None = None) -> str:
             for path in sorted(csrc.rglob("*")):
                 if path.is_file() and path.suffix in (".cpp", ".h", ".patch"):
                     entries.append((str(path.relative_to(PACKAGE_DIR)), str(path)))
-    return _hash_files(tuple(entries), base_version())
+    return _hash_files(tuple(entries), base)

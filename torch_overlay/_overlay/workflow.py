@@ -24,10 +24,11 @@ import re
 import shutil
 import subprocess
 import tempfile
+import zipfile
 from pathlib import Path
 
 from .errors import OverlayError
-from .series import base_version, patches_dir, read_series, series_names
+from .series import REPO_ROOT, base_version, installed_base, patches_dir, read_series, series_names
 
 
 log = logging.getLogger(__name__)
@@ -105,11 +106,47 @@ def init_pristine_repo(
     git(["tag", BASE_TAG], work_dir)
 
 
-def edit(work_dir: Path, directory: Path | None = None, force: bool = False) -> Path:
-    """Check the series out into ``work_dir`` as one commit per patch."""
-    from .importer import check_torch_version, find_torch
+def default_work_dir(base: str | None = None) -> Path:
+    """``.overlay-work`` for the primary base, ``.overlay-work-<base>`` for another."""
+    base = base or installed_base()
+    suffix = "" if base == base_version() else f"-{base}"
+    return REPO_ROOT / f".overlay-work{suffix}"
 
-    directory = directory or patches_dir()
+
+def _pristine_torch_dir(base: str, scratch: Path) -> tuple[Path, str]:
+    """(torch/ directory, version) of torch ``base``'s pristine sources: the installed
+    torch when it is that release, else the release's wheel (downloaded once into
+    build/rebase/<base>/, as rebase-check does), unpacked into ``scratch``."""
+    from .importer import check_torch_version, find_torch
+    from .rebase_check import DEFAULT_CACHE_ROOT, fetch_torch_wheel
+
+    try:
+        torch_root, torch_version = find_torch()
+    except OverlayError:
+        torch_version = ""
+    if torch_version.partition("+")[0] == base:
+        check_torch_version(torch_version, str(torch_root / "torch"), base=base)
+        return torch_root / "torch", torch_version
+    wheel = fetch_torch_wheel(base, DEFAULT_CACHE_ROOT / base)
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if name.startswith("torch/") and name.endswith(".py"):
+                target = scratch / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(zf.read(name))
+    return scratch / "torch", base
+
+
+def edit(
+    work_dir: Path,
+    directory: Path | None = None,
+    force: bool = False,
+    base: str | None = None,
+) -> Path:
+    """Check the series of ``base`` (the installed torch's by default) out into
+    ``work_dir`` as one commit per patch, on torch ``base``'s pristine sources."""
+    base = base or installed_base()
+    directory = directory or patches_dir(base)
     work_dir = Path(work_dir).resolve()
     if work_dir.exists() and any(work_dir.iterdir()):
         if not force:
@@ -117,9 +154,9 @@ def edit(work_dir: Path, directory: Path | None = None, force: bool = False) -> 
                 f"{work_dir} already exists; refresh it, remove it, or pass --force"
             )
         shutil.rmtree(work_dir)
-    torch_root, torch_version = find_torch()
-    check_torch_version(torch_version, str(torch_root / "torch"))
-    init_pristine_repo(work_dir, torch_root / "torch", torch_version)
+    with tempfile.TemporaryDirectory() as scratch:
+        torch_dir, torch_version = _pristine_torch_dir(base, Path(scratch))
+        init_pristine_repo(work_dir, torch_dir, torch_version)
     patches = read_series(directory)
     if patches:
         committer = {k: v for k, v in _IDENTITY.items() if k.startswith("GIT_COMMITTER_")}
@@ -136,9 +173,11 @@ def edit(work_dir: Path, directory: Path | None = None, force: bool = False) -> 
 _COUNTER = re.compile(r"^\d{4}-")
 
 
-def refresh(work_dir: Path, directory: Path | None = None) -> list[str]:
-    """Rewrite the series from ``overlay-base..HEAD`` of ``work_dir``."""
-    directory = Path(directory or patches_dir())
+def refresh(work_dir: Path, directory: Path | None = None, base: str | None = None) -> list[str]:
+    """Rewrite the series of ``base`` (the installed torch's by default) from
+    ``overlay-base..HEAD`` of ``work_dir``."""
+    base = base or installed_base()
+    directory = Path(directory or patches_dir(base))
     work_dir = Path(work_dir).resolve()
     if not (work_dir / ".git").exists():
         raise OverlayError(f"{work_dir} is not an edit tree; run `python -m torch_overlay edit` first")
@@ -174,7 +213,7 @@ def refresh(work_dir: Path, directory: Path | None = None) -> list[str]:
         for stale in old - set(names):
             (directory / stale).unlink(missing_ok=True)
     (directory / "series").write_text(
-        f"# torch_overlay patch series against torch {base_version()}; applied in order.\n"
+        f"# torch_overlay patch series against torch {base}; applied in order.\n"
         + "".join(f"{name}\n" for name in names)
     )
     return names
