@@ -18,9 +18,11 @@ import sys
 import tempfile
 import textwrap
 import types
+import unittest
 from pathlib import Path
 
 import torch._dynamo.test_case
+from torch.utils._triton import has_triton_package
 
 
 # NOTE: [Compile-only modules]
@@ -45,6 +47,14 @@ import torch._dynamo.test_case
 # functorch-AOTAutograd-imports-symbolic_shapes-only-when-it-traces,
 # inductor-The-runtime-of-compiled-graphs-imports-sympy-only-when-Inductor-compiles
 # and dynamo-import-torch._dynamo-does-not-build-the-torch-object-rule-map).
+# And triton, which Dynamo's utils, the runtime's hints and its autotune cache
+# imported for Triton's sake only, and torch._dynamo.testing with the aot_eager
+# backend and AOTAutograd's compile side, which torch.compile() imported through
+# the debug wrapper's InputReader (patches
+# dynamo-import-torch._dynamo-imports-neither-triton-nor-torch._dynamo.testing and
+# inductor-The-runtime-of-compiled-graphs-imports-triton-only-for-Triton-kernels).
+# Nor does a load start Inductor's compile workers (patch
+# inductor-The-compile-workers-start-when-Inductor-compiles-not-when-compiled-code-is-load).
 # Dynamo's tracer itself (symbolic_convert, the variable trackers) is still
 # imported by `import torch._dynamo`, and so are torch.onnx and, where it is
 # installed, triton: they are not in this list.
@@ -76,6 +86,10 @@ COMPILE_ONLY_MODULES = [
     "torch.fx.passes._tensorify_python_scalars",
     "torch._inductor.codegen.common",
     "torch.distributed.tensor._api",
+    "triton",
+    "torch._dynamo.testing",
+    "functorch.compile",
+    "torch._functorch.aot_autograd",
 ]
 
 MODEL = """
@@ -116,7 +130,7 @@ with torch.no_grad():
 """
 
 LOAD = """
-import json, logging, sys
+import json, logging, os, sys
 import torch
 import load_imports_model
 
@@ -128,6 +142,14 @@ class KeepMessages(logging.Handler):
 
     def emit(self, record):
         self.messages.append(record.getMessage())
+
+
+def child_processes():
+    children = []
+    for task in os.listdir(f"/proc/{os.getpid()}/task"):
+        with open(f"/proc/{os.getpid()}/task/{task}/children") as f:
+            children += f.read().split()
+    return children
 
 
 package_messages = KeepMessages()
@@ -151,6 +173,7 @@ with torch.no_grad():
         compiled = torch.compile(model)
     report["loaded_same"] = torch.allclose(out, expected)
     report["imported_at_load"] = [m for m in compile_only if m in sys.modules]
+    report["child_processes_at_load"] = child_processes()
     report["load_messages"] = [
         m for m in package_messages.messages if m.startswith("loaded package")
     ]
@@ -159,6 +182,32 @@ with torch.no_grad():
     report["miss_same"] = torch.allclose(compiled(y), model(y))
     report["frames_compiled"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
 report["imported_after_miss"] = [m for m in compile_only if m in sys.modules]
+print("REPORT" + json.dumps(report))
+"""
+
+TRITON_DTYPE = """
+import json, sys
+import torch
+import torch._dynamo
+
+report = {"triton_imported_by_dynamo": "triton" in sys.modules}
+import triton.language as tl
+
+counter = torch._dynamo.testing.CompileCounter()
+DTYPE = tl.float32
+
+
+@torch.compile(backend=counter, fullgraph=True)
+def add_by_dtype(x):
+    return x + (1 if DTYPE == tl.float32 else 2)
+
+
+outs = [add_by_dtype(torch.ones(1)).item()]
+DTYPE = tl.float16  # the guard on the constant fails: a second graph
+outs.append(add_by_dtype(torch.ones(1)).item())
+report["outs"] = outs
+report["graphs"] = counter.frame_count
+report["is_constant_type"] = tl.dtype in torch._dynamo.utils.common_constant_types
 print("REPORT" + json.dumps(report))
 """
 
@@ -196,6 +245,8 @@ class TestLoadImports(torch._dynamo.test_case.TestCase):
         report = self.run_fresh(LOAD, kind, artifact, json.dumps(COMPILE_ONLY_MODULES))
         self.assertTrue(report["loaded_same"])
         self.assertEqual(report["imported_at_load"], [])
+        # No compile worker was started (no process at all).
+        self.assertEqual(report["child_processes_at_load"], [])
         # One INFO line per load says what it cost.
         self.assertEqual(len(report["load_messages"]), 1, report["load_messages"])
         self.assertRegex(
@@ -214,6 +265,17 @@ class TestLoadImports(torch._dynamo.test_case.TestCase):
 
     def test_load_compiled_function_imports_only_the_runtime(self):
         self.check_loads_only_the_runtime("aot")
+
+    @unittest.skipUnless(has_triton_package(), "needs triton")
+    def test_triton_dtype_is_a_constant_once_triton_is_imported(self):
+        # See NOTE: [Triton's dtype joins the constant types when triton is
+        # imported]: Dynamo no longer imports triton, and a triton dtype that the
+        # user's code holds is still a constant to trace and to guard on.
+        report = self.run_fresh(TRITON_DTYPE)
+        self.assertFalse(report["triton_imported_by_dynamo"])
+        self.assertEqual(report["outs"], [2.0, 3.0])
+        self.assertEqual(report["graphs"], 2)
+        self.assertTrue(report["is_constant_type"])
 
     def test_rule_map_lookups_without_the_map_agree_with_it(self):
         # See NOTE: [The torch object rule map is built on first use]: before
