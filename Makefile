@@ -306,6 +306,10 @@ BASE_VENV := .venv-$(OTHER_BASE)
 BASE_PY := $(abspath $(BASE_VENV))/bin/python
 BASE_STAMP := $(BASE_VENV)/.torch_overlay-installed
 BASE_EXT_SO := $(BUILD)/ext/torch-$(OTHER_BASE)/torch_overlay/compat/_functorch/_interpreter_serialization_C$(EXT_SUFFIX)
+# Test dependencies only an older torch needs: 2.6.0's torch.testing prints to
+# stdout when hypothesis is missing, which the tests that read a child process's
+# output would take for its result.
+BASE_TEST_DEPS_2.6.0 := hypothesis
 # torchvision's release for each base torch (the zoo tests).
 ZOO_TORCHVISION_2.6.0 := 0.21.0
 
@@ -314,7 +318,7 @@ $(BASE_STAMP): pyproject.toml torch_overlay.pth | $(NLOHMANN_JSON_HEADER)
 	$(BASE_PY) -m pip install --upgrade "pip>=23" "setuptools>=68" wheel
 	$(BASE_PY) -m pip install "torch==$(OTHER_BASE)" ninja
 	$(BASE_PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))' > $(BASE_VENV)/test-requirements.txt
-	$(BASE_PY) -m pip install "torch==$(OTHER_BASE)" -r $(BASE_VENV)/test-requirements.txt
+	$(BASE_PY) -m pip install "torch==$(OTHER_BASE)" -r $(BASE_VENV)/test-requirements.txt $(BASE_TEST_DEPS_$(OTHER_BASE))
 	$(BASE_PY) -m pip install "torch==$(OTHER_BASE)" "torchvision==$(ZOO_TORCHVISION_$(OTHER_BASE))" "transformers==$(ZOO_TRANSFORMERS)"
 	echo "$(CURDIR)" > "$$($(BASE_PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_torch_overlay_checkout.pth"
 	$(BASE_PY) -m torch_overlay install-pth

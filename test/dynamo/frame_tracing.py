@@ -103,12 +103,14 @@ def _new_tracer(frame, instructions, code_options, mode_stack, backend, speculat
         export_constraints=None,
         frame_state=None,
         speculation_log=speculation_log,
-        exn_vt_stack=symbolic_convert.ExceptionStack(),
         distributed_state=None,
     )
     tracer_params = inspect.signature(symbolic_convert.InstructionTranslator).parameters
     if "package" in tracer_params:
         kwargs["package"] = None
+    # NOTE: torch 2.6.0's tracer has no exception stack (a second supported base).
+    if "exn_vt_stack" in tracer_params:
+        kwargs["exn_vt_stack"] = symbolic_convert.ExceptionStack()
     return symbolic_convert.InstructionTranslator(
         instructions,
         frame.code,

@@ -897,6 +897,20 @@ def _saved_sizes_strides(output_graph, guards) -> dict:
     return saved
 
 
+def framelocals_names(f_code) -> tuple[str, ...]:
+    """The names of ``f_code``'s fast locals in frame order (its localsplus)."""
+    try:
+        from torch._C._dynamo.eval_frame import code_framelocals_names
+    except ImportError:
+        # NOTE: torch 2.6.0 (a second supported base) binds no
+        # code_framelocals_names; on Python 3.11+ its result is the localsplus
+        # order: locals and arguments, then cells that are not arguments, then
+        # free variables (a cell argument has one slot).
+        cells = tuple(c for c in f_code.co_cellvars if c not in f_code.co_varnames)
+        return f_code.co_varnames + cells + f_code.co_freevars
+    return tuple(code_framelocals_names(f_code))
+
+
 def build_guards_state(
     f_code,
     output_graph,
@@ -905,7 +919,6 @@ def build_guards_state(
     global_state: SavedGlobalState,
     shape_code_parts,
 ) -> GuardsState:
-    from torch._C._dynamo.eval_frame import code_framelocals_names
     from torch._dynamo.guard_serialization_codecs import _StandInConverter
 
     converter = _StandInConverter(recorder, guards)
@@ -932,7 +945,7 @@ def build_guards_state(
     sizes_strides = _saved_sizes_strides(output_graph, guards)
     modes = _saved_mode_stack(output_graph.torch_function_mode_stack)
     aot_guards = _saved_aotautograd_guards(output_graph)
-    names = code_framelocals_names(f_code)
+    names = framelocals_names(f_code)
     og_state = OutputGraphGuardsState(
         local_scope=local_scope,
         global_scope=global_scope,
@@ -1080,9 +1093,7 @@ def check_state_compatible(og: OutputGraphGuardsState, f_code) -> None:
             f"guards were saved by torch {og.torch_version}, this is torch "
             f"{torch.__version__}"
         )
-    from torch._C._dynamo.eval_frame import code_framelocals_names
-
-    names = tuple(code_framelocals_names(f_code))
+    names = framelocals_names(f_code)
     if og.code_name != f_code.co_name or og.framelocals_names != names:
         raise PackageError(
             f"guards were saved for code {og.code_name!r} with locals "
