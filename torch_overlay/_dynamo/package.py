@@ -402,6 +402,19 @@ def _refused_option(record: _GraphRecord) -> Optional[str]:
     return None
 
 
+# NOTE: [AOTAutogradCache on torch 2.6.0]
+# A packaged Inductor graph is saved from its AOTAutogradCache entry. torch 2.7
+# turns that cache on by default; torch 2.6.0 (a second supported base) leaves
+# it off unless TORCHINDUCTOR_AUTOGRAD_CACHE=1. There a package's graphs compile
+# with the cache on, as they would on 2.7, when the environment does not set it.
+def _autograd_cache_default() -> dict[str, bool]:
+    from torch.torch_version import TorchVersion
+
+    if TorchVersion(torch.__version__) >= "2.7" or "TORCHINDUCTOR_AUTOGRAD_CACHE" in os.environ:
+        return {}
+    return {"enable_autograd_cache": True}
+
+
 class RecordingBackend:
     """Wraps a torch.compile backend so that each compiled graph can be packaged."""
 
@@ -446,7 +459,7 @@ class RecordingBackend:
             try:
                 # The package saves both graphs: compile the backward now.
                 with torch._functorch.config.patch(
-                    force_non_lazy_backward_lowering=True
+                    force_non_lazy_backward_lowering=True, **_autograd_cache_default()
                 ), _frozen_compile(record):
                     compiled = self.backend(gm, example_inputs, **kwargs)
             finally:
@@ -1451,12 +1464,15 @@ class PackageAwareConvertFrame:
         return clone
 
     def lookup_precompiled(self, frame, cache_entry):
-        from torch._dynamo.convert_frame import ConvertFrameReturn
-        from torch._dynamo.types import FrameAction, FrameExecStrategy
-
         guarded = self.package.lookup(frame, cache_entry)
         if guarded is None:
             return None
+        if not _callbacks_return_convert_frame_return():
+            # NOTE: [Frame callback results on torch 2.6.0]
+            return guarded
+        from torch._dynamo.convert_frame import ConvertFrameReturn
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+
         if guarded is SKIP_FRAME:
             # What Dynamo returns for a frame it does not compile.
             return ConvertFrameReturn()
@@ -1468,7 +1484,7 @@ class PackageAwareConvertFrame:
     def __call__(self, frame, cache_entry, hooks, frame_state, **kwargs):
         hit = self.lookup_precompiled(frame, cache_entry)
         if hit is not None:
-            return hit
+            return None if hit is SKIP_FRAME else hit
         hooks = _with_frozen_parameter_filter(hooks, self.package.backend)
         with _recording(self.package):
             result = self._inner(frame, cache_entry, hooks, frame_state, **kwargs)
@@ -1477,8 +1493,25 @@ class PackageAwareConvertFrame:
         return result
 
 
+# NOTE: [Frame callback results on torch 2.6.0]
+# On torch 2.7 a frame callback returns a ConvertFrameReturn (a GuardedCode, or
+# what to do with the frame and its code). torch 2.6.0 (a second supported base)
+# has none: its callbacks return the GuardedCode itself, or None for a frame
+# Dynamo does not compile, which eval_frame.c then runs eagerly from now on
+# (SKIP_CODE, what 2.7's default ConvertFrameReturn() asks for). There the
+# lookup returns the GuardedCode or SKIP_FRAME, and its callers return None for
+# SKIP_FRAME.
+def _callbacks_return_convert_frame_return() -> bool:
+    from torch._dynamo import types
+
+    return hasattr(types, "ConvertFrameReturn")
+
+
 def _skips_code(result) -> bool:
     """Whether a frame callback's result runs this code eagerly from now on."""
+    if not _callbacks_return_convert_frame_return():
+        # NOTE: [Frame callback results on torch 2.6.0]
+        return result is None
     from torch._dynamo.types import FrameAction
 
     strategy = getattr(result, "frame_exec_strategy", None)
