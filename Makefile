@@ -337,3 +337,19 @@ base-venv: $(BASE_STAMP) $(BASE_EXT_SO)
 test-base: base-venv
 	mkdir -p $(BUILD)/junit
 	TORCH_OVERLAY=1 TORCH_OVERLAY_EXPECT=overlay $(BASE_PY) -m pytest test --junitxml=$(BUILD)/junit/overlay-$(OTHER_BASE).xml $(PYTEST_ARGS)
+
+# The other base's subset that fits next to the full primary-base run in CI: guard
+# serialization, compile packages saved in one process and loaded in a fresh one
+# (eager, aot_eager and Inductor, graph breaks, training, dynamic shapes, functorch
+# transforms, fail_on_recompile, damaged packages), aot_compile, and the functorch
+# interpreters' serialization. The full other-base run is `make test BASE=<base>`.
+BASE_SUBSET_PACKAGE_TESTS := test_function or test_graph_breaks_and_resume_functions or test_builtin_module_inductor or test_training_forward_and_backward or test_dynamic_shapes or test_frame_compiled_inside_functorch_transforms or test_guard_failure_after_load_recompiles_or_raises or test_corrupted_artifact or test_version_mismatch
+test-base-subset: base-venv
+	TORCH_OVERLAY=1 TORCH_OVERLAY_EXPECT=overlay $(BASE_PY) -m pytest test/dynamo/test_guard_serialization.py test/dynamo/test_aot_compile.py test/functorch/test_interpreter_serialization.py test/overlay/test_supported_bases.py $(PYTEST_ARGS)
+	TORCH_OVERLAY=1 TORCH_OVERLAY_EXPECT=overlay $(BASE_PY) -m pytest test/dynamo/test_package.py -k "$(BASE_SUBSET_PACKAGE_TESTS)" $(PYTEST_ARGS)
+
+ifneq ($(filter base-venv test-base test-base-subset,$(MAKECMDGOALS)),)
+ifeq ($(OTHER_BASE),)
+$(error make $(filter base-venv test-base test-base-subset,$(MAKECMDGOALS)) needs BASE=X.Y.Z, a supported base other than $(BASE_TORCH): $(filter-out $(BASE_TORCH),$(SUPPORTED_BASES)))
+endif
+endif

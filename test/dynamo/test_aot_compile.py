@@ -688,9 +688,11 @@ class TestAOTAutogradCacheEntryBytes(torch._dynamo.test_case.TestCase):
     def test_entry_loaded_from_cache_serializes_to_its_bytes(self):
         from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
 
+        # The cache is on by default from torch 2.7 (torch 2.6.0, another supported
+        # base, leaves it off).
         with tempfile.TemporaryDirectory() as cache, unittest.mock.patch.dict(
             os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}
-        ):
+        ), torch._functorch.config.patch(enable_autograd_cache=True):
             torch._inductor.codecache.FxGraphCache.clear()
 
             def fn(x):

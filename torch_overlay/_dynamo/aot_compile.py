@@ -117,6 +117,15 @@ class AOTCompileSaveResult:
     serialized_data: bytes
 
 
+def _tensor_guards_name_the_scope() -> bool:
+    """Whether this torch's tensor guards name a local as ``L['x']`` in their
+    failure text (NOTE: torch 2.6.0, a second supported base, does; 2.7's say
+    ``'x'``, and a rejected call reads the same on both)."""
+    from torch.torch_version import TorchVersion
+
+    return TorchVersion(torch.__version__) < "2.7"
+
+
 class AOTCompiledFunction:
     """A function compiled ahead of time; see the module docstring."""
 
@@ -196,6 +205,10 @@ class AOTCompiledFunction:
                     self.guard_manager, f_locals, None  # type: ignore[arg-type]
                 )
                 reason = reason.removeprefix("None: ")
+                if _tensor_guards_name_the_scope():
+                    from torch._dynamo.guards import strip_local_scope
+
+                    reason = strip_local_scope(reason)
                 raise RuntimeError(
                     f"aot_compile'd {self._fn.__qualname__} was called with inputs its "
                     f"guards reject: {reason}. Call it like the example it was compiled "
