@@ -55,6 +55,11 @@ from torch.utils._triton import has_triton_package
 # inductor-The-runtime-of-compiled-graphs-imports-triton-only-for-Triton-kernels).
 # Nor does a load start Inductor's compile workers (patch
 # inductor-The-compile-workers-start-when-Inductor-compiles-not-when-compiled-code-is-load).
+# Nor Dynamo's tracer: symbolic_convert, output_graph and the variable
+# trackers (with the trace_wrapped custom op and torch.onnx, which they import),
+# which `import torch._dynamo` imported although a process that runs loaded
+# code only asks whether a frame is skipped (patch
+# dynamo-Dynamo-imports-its-tracer-only-when-it-compiles).
 # Dynamo's tracer itself (symbolic_convert, the variable trackers) is still
 # imported by `import torch._dynamo`, and so are torch.onnx and, where it is
 # installed, triton: they are not in this list.
@@ -90,6 +95,15 @@ COMPILE_ONLY_MODULES = [
     "torch._dynamo.testing",
     "functorch.compile",
     "torch._functorch.aot_autograd",
+    "torch._dynamo.symbolic_convert",
+    "torch._dynamo.output_graph",
+    "torch._dynamo.variables",
+    "torch._dynamo.variables.builder",
+    "torch._dynamo.variables.torch",
+    "torch._dynamo.codegen",
+    "torch._dynamo.side_effects",
+    "torch._dynamo._trace_wrapped_higher_order_op",
+    "torch.onnx",
 ]
 
 MODEL = """
@@ -259,6 +273,8 @@ class TestLoadImports(torch._dynamo.test_case.TestCase):
         self.assertIn("torch._inductor.compile_fx", report["imported_after_miss"])
         self.assertIn("torch._inductor.lowering", report["imported_after_miss"])
         self.assertIn("sympy", report["imported_after_miss"])
+        self.assertIn("torch._dynamo.symbolic_convert", report["imported_after_miss"])
+        self.assertIn("torch._dynamo.variables.builder", report["imported_after_miss"])
 
     def test_package_load_imports_only_the_runtime(self):
         self.check_loads_only_the_runtime("package")
