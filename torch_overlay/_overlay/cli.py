@@ -16,7 +16,8 @@ from .errors import OverlayError
 
 def _status(args) -> int:
     info: dict = {
-        "base": series.base_version(),
+        "base": series.installed_base(),
+        "supported_bases": series.supported_bases(),
         "series_hash": series.series_hash(),
         "patches_dir": str(series.patches_dir()),
         "active": importer.is_active(),
@@ -42,7 +43,7 @@ def _status(args) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    print(f"base torch:       {info['base']}")
+    print(f"base torch:       {info['base']} (supported: {', '.join(info['supported_bases'])})")
     print(f"installed torch:  {info['installed_torch']} ({info['torch_location']})")
     print(f"overlay active:   {'yes' if info['active'] else 'no'}")
     print(f"series hash:      {info['series_hash'][:16]}")
