@@ -300,6 +300,18 @@ def _rename_globals(code: types.CodeType, renames: dict[str, str]) -> types.Code
     return code.replace(co_names=names, co_consts=consts)
 
 
+def _unmarshallable_consts(code: types.CodeType) -> str:
+    """The types of ``code``'s constants (nested codes' too) marshal refuses."""
+    names = set()
+    for c in (code, *_nested_codes(code)):
+        for const in c.co_consts:
+            try:
+                marshal.dumps(const)
+            except ValueError:
+                names.add(type(const).__qualname__)
+    return ", ".join(sorted(names)) or "unknown"
+
+
 def _nested_codes(code: types.CodeType):
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
@@ -918,10 +930,20 @@ class CompilePackage:
         except PackageError as e:
             self._exclude(code, str(e))
             return
+        try:
+            saved_code = marshal.dumps(out_code)
+        except ValueError:
+            # NOTE: torch 2.6.0's Dynamo (a second supported base) can leave
+            # objects in the bytecode it generates that marshal cannot write.
+            consts = _unmarshallable_consts(out_code)
+            self._exclude(
+                code, f"its compiled bytecode holds constants marshal cannot save: {consts}"
+            )
+            return
         self.entries.append(
             _Entry(
                 code_key=key,
-                out_code=marshal.dumps(out_code),
+                out_code=saved_code,
                 guards_state=guards_state,
                 global_module=f_globals.get("__name__"),
                 globals=global_refs,
