@@ -419,7 +419,7 @@ def _refused_option(record: _GraphRecord) -> Optional[str]:
 # turns that cache on by default; torch 2.6.0 (a second supported base) leaves
 # it off unless TORCHINDUCTOR_AUTOGRAD_CACHE=1. There a package's graphs compile
 # with the cache on, as they would on 2.7, when the environment does not set it.
-def _autograd_cache_default() -> dict[str, bool]:
+def _autograd_cache_default() -> dict[str, Any]:
     from torch.torch_version import TorchVersion
 
     if TorchVersion(torch.__version__) >= "2.7" or "TORCHINDUCTOR_AUTOGRAD_CACHE" in os.environ:
