@@ -1523,6 +1523,7 @@ class PackageAwareConvertFrame:
 # (SKIP_CODE, what 2.7's default ConvertFrameReturn() asks for). There the
 # lookup returns the GuardedCode or SKIP_FRAME, and its callers return None for
 # SKIP_FRAME.
+@functools.cache
 def _callbacks_return_convert_frame_return() -> bool:
     from torch._dynamo import types
 
