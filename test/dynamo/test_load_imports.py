@@ -60,9 +60,12 @@ from torch.utils._triton import has_triton_package
 # which `import torch._dynamo` imported although a process that runs loaded
 # code only asks whether a frame is skipped (patch
 # dynamo-Dynamo-imports-its-tracer-only-when-it-compiles).
-# Dynamo's tracer itself (symbolic_convert, the variable trackers) is still
-# imported by `import torch._dynamo`, and so are torch.onnx and, where it is
-# installed, triton: they are not in this list.
+# Nor torch.distributed.tensor, which the guard builder imported for every
+# EQUALS_MATCH guard (the test model's int attribute has one; patch
+# dynamo-EQUALS_MATCH-imports-DTensor-s-placement-types-only-for-a-value-that-may-be-one),
+# nor filelock and the multi-kernel code generator, which the Inductor runtime
+# and every generated wrapper's header imported (patch
+# inductor-Loading-compiled-code-imports-neither-filelock-nor-the-multi-kernel-code-genera).
 COMPILE_ONLY_MODULES = [
     "torch._inductor.compile_fx",
     "torch._inductor.lowering",
@@ -90,7 +93,11 @@ COMPILE_ONLY_MODULES = [
     "torch.fx.experimental.symbolic_shapes",
     "torch.fx.passes._tensorify_python_scalars",
     "torch._inductor.codegen.common",
+    "torch.distributed.tensor",
     "torch.distributed.tensor._api",
+    "filelock",
+    "torch.utils._filelock",
+    "torch._inductor.codegen.multi_kernel",
     "triton",
     "torch._dynamo.testing",
     "functorch.compile",
@@ -115,9 +122,10 @@ class MLP(torch.nn.Module):
         super().__init__()
         self.linear1 = torch.nn.Linear(16, 32)
         self.linear2 = torch.nn.Linear(32, 8)
+        self.scale = 2  # an int attribute: an EQUALS_MATCH guard
 
     def forward(self, x):
-        return self.linear2(torch.relu(self.linear1(x)))
+        return self.linear2(torch.relu(self.linear1(x))) * self.scale
 
 
 def make():

@@ -49,7 +49,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch._dynamo.exc import PackageError
 
-from .package import CompilePackage
+from .package import CompilePackage, cyclic_gc_paused
 from .package_artifacts import (
     _CUSTOM_BACKEND,
     check_frozen_parameters,
@@ -344,13 +344,19 @@ def load_compiled_function(file, *, f_globals=None, external_data=None) -> AOTCo
     NOTE: [Finding a local function again]). ``f_globals``: globals the compiled
     code (and its guards) read, over those of the function's module, as
     upstream's ``f_globals``; ``external_data``: see NOTE: [External data].
+    The cyclic GC is paused meanwhile (NOTE: [No cyclic GC during a load]).
     """
+    with cyclic_gc_paused():
+        return _load_compiled_function(file, f_globals, external_data)
+
+
+def _load_compiled_function(file, f_globals, external_data) -> AOTCompiledFunction:
     _check_external_data(external_data)
     if f_globals is not None and not isinstance(f_globals, dict):
         raise TypeError(f"f_globals must be a dict, not {type(f_globals).__name__}")
     if isinstance(file, (str, os.PathLike)):
         with open(file, "rb") as f:
-            return load_compiled_function(f, f_globals=f_globals, external_data=external_data)
+            return _load_compiled_function(f, f_globals, external_data)
     where = getattr(file, "name", "<file>")
     files, manifest = read_archive(file, where)
     if "aot_compile" not in manifest:

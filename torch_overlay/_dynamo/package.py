@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import hashlib
 import importlib
 import inspect
@@ -96,6 +97,38 @@ def load_guards_state(guards_state: bytes):
     return guard_serialization.load_guards_state(bytes(guards_state))
 
 
+# NOTE: [No cyclic GC during a load]
+# A load only adds long-lived objects: the runtime modules it imports, the
+# graphs, code objects and guards it unpickles, the guard managers it builds.
+# CPython's cyclic collector counts those allocations and, past its thresholds,
+# collects; a full collection walks every object of the process (50-80 ms after
+# `import torch` on a 2-core machine, a tenth of a package load) and finds no
+# garbage. So the loader pauses the collector while it reads, checks and
+# unpickles a package (CompilePackage.load and load_files: load_package,
+# load_compiled_function) and while it builds a loaded entry's guard manager on
+# its first call, and turns it back on afterwards, when the load fails too. A
+# collector the user turned off stays off, and nested pauses are one pause. No
+# collection is skipped for good: the objects allocated meanwhile stay counted
+# and the collector runs at its next threshold after the load.
+# config.package_load_pauses_gc = False loads with the collector running.
+
+
+@contextlib.contextmanager
+def cyclic_gc_paused():
+    """Pause Python's cyclic garbage collector for a load (see NOTE: [No cyclic
+    GC during a load])."""
+    from torch._dynamo import config
+
+    if not (config.package_load_pauses_gc and gc.isenabled()):
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def load_guard_manager(
     guards_state,
     target_code: types.CodeType,
@@ -113,15 +146,16 @@ def load_guard_manager(
     """
     from torch._dynamo.guards import CheckFunctionManager
 
-    if isinstance(guards_state, (bytes, bytearray, memoryview)):
-        guards_state = load_guards_state(guards_state)
-    return CheckFunctionManager(
-        target_code,
-        guards_state.output_graph,
-        cache_entry,
-        shape_code_parts=guards_state.shape_code_parts,
-        runtime_global_scope=runtime_global_scope,
-    ).guard_manager
+    with cyclic_gc_paused():
+        if isinstance(guards_state, (bytes, bytearray, memoryview)):
+            guards_state = load_guards_state(guards_state)
+        return CheckFunctionManager(
+            target_code,
+            guards_state.output_graph,
+            cache_entry,
+            shape_code_parts=guards_state.shape_code_parts,
+            runtime_global_scope=runtime_global_scope,
+        ).guard_manager
 
 
 def current_package() -> Optional[CompilePackage]:
@@ -1205,7 +1239,12 @@ class CompilePackage:
         The package is read with the configured trust (NOTE: [Trust model of
         compile packages]): its manifest's signature is verified before any
         other file is opened, and every file is read confined to the package
-        and checked against the manifest's sha256."""
+        and checked against the manifest's sha256. The cyclic GC is paused
+        meanwhile (NOTE: [No cyclic GC during a load])."""
+        with cyclic_gc_paused():
+            return self._load(path)
+
+    def _load(self, path: Optional[str]) -> list[_LoadedEntry]:
         given = path or self.path
         if given is None:
             raise PackageError("no package path: pass torch.compile(..., package=path)")
@@ -1229,7 +1268,12 @@ class CompilePackage:
         Everything is checked before anything is installed: the manifest's
         fields, every file against its sha256, the entries' structure, the
         graphs and kernels they name, their bytecode and guards against the
-        live function; a failed load leaves nothing behind (no temp files)."""
+        live function; a failed load leaves nothing behind (no temp files).
+        The cyclic GC is paused meanwhile (NOTE: [No cyclic GC during a load])."""
+        with cyclic_gc_paused():
+            return self._load_files(files, manifest, path)
+
+    def _load_files(self, files, manifest, path):
         started = time.perf_counter()
         manifest = check_manifest_schema(manifest, path)
         check_files(files, manifest, path)
