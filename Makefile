@@ -78,7 +78,10 @@ endif
 $(EXT_SO): $(EXT_SRCS) setup.py | $(STAMP) $(NLOHMANN_JSON_HEADER)
 	$(PY) setup.py -q build_ext --inplace
 
+# `make ext BASE=X.Y.Z` builds another base's (its rule is further down).
+ifeq ($(OTHER_BASE),)
 ext: $(EXT_SO)
+endif
 
 # The two suites run side by side (-j2: the overlay's in the dev venv, the
 # wheel's in its own; neither shares a cache directory with the other), each
@@ -326,6 +329,10 @@ $(BASE_STAMP): pyproject.toml torch_overlay.pth | $(NLOHMANN_JSON_HEADER)
 
 $(BASE_EXT_SO): $(EXT_SRCS) setup.py | $(BASE_STAMP) $(NLOHMANN_JSON_HEADER)
 	$(BASE_PY) setup.py -q build_ext --build-lib $(BUILD)/ext/torch-$(OTHER_BASE) --build-temp $(BUILD)/ext-temp/torch-$(OTHER_BASE)
+
+ifneq ($(OTHER_BASE),)
+ext: $(BASE_EXT_SO)
+endif
 
 base-venv: $(BASE_STAMP) $(BASE_EXT_SO)
 	$(BASE_PY) -m torch_overlay materialize

@@ -90,7 +90,13 @@ class TestCompatLayer(TestCase):
         expected_type, message, direct_call_type = proc.stdout.splitlines()
         self.assertEqual((expected_type, direct_call_type), ("True", "True"), proc.stdout)
         self.assertIn(f"{EXTENSION} is not built", message)
-        self.assertIn("`make ext`", message)
+        # The build command of the base this torch is served by (NOTE: [One
+        # extension build per base]).
+        from torch_overlay._overlay.series import base_version, installed_base
+
+        base = installed_base()
+        build = "`make ext`" if base == base_version() else f"`make ext BASE={base}`"
+        self.assertIn(build, message)
 
 
 if __name__ == "__main__":

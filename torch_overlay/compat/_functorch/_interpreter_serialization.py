@@ -39,19 +39,28 @@ def _not_built_error(cause: ImportError) -> ImportError:
             f"{EXTENSION} cannot be loaded ({cause}); it was probably built for "
             "another torch, rebuild it"
         )
-    message = (
-        "functorch interpreter serialization (CInterpreter.serialize / "
-        f"deserialize) is unavailable: {detail}. It is built from "
-        "torch_overlay/csrc/ and torch_overlay/compat/csrc/ by `make ext` "
-        "(or `make venv`) in the torch_overlay checkout."
-    )
     try:
         from torch_overlay import ExtensionNotBuiltError
+        from torch_overlay._overlay.series import base_version, installed_base
     except ImportError:
         # A patched wheel without torch_overlay: the wheel ships the extension,
         # so only a damaged installation gets here.
-        return ImportError(message, name=EXTENSION)
-    return ExtensionNotBuiltError(message)
+        return ImportError(_not_built_message(detail, "`make ext`"), name=EXTENSION)
+    # Each supported base has its own build (NOTE: [One extension build per base]).
+    base = installed_base()
+    make = "`make ext` (or `make venv`)"
+    if base != base_version():
+        make = f"`make ext BASE={base}` (or `make venv BASE={base}`)"
+    return ExtensionNotBuiltError(_not_built_message(detail, make))
+
+
+def _not_built_message(detail: str, make: str) -> str:
+    return (
+        "functorch interpreter serialization (CInterpreter.serialize / "
+        f"deserialize) is unavailable: {detail}. It is built from "
+        f"torch_overlay/csrc/ and torch_overlay/compat/csrc/ by {make} in the "
+        "torch_overlay checkout."
+    )
 
 
 def _attach_unavailable_methods(cause: ImportError) -> None:
