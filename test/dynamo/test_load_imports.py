@@ -66,6 +66,10 @@ from torch.utils._triton import has_triton_package
 # nor filelock and the multi-kernel code generator, which the Inductor runtime
 # and every generated wrapper's header imported (patch
 # inductor-Loading-compiled-code-imports-neither-filelock-nor-the-multi-kernel-code-genera).
+# All of this for a package of a module, of a plain function (whose
+# torch.compile() built the torch object rule map before patch
+# dynamo-torch.compile-of-a-plain-function-or-a-torch-nn-module-does-not-build-the-torch-o)
+# and for an aot_compile'd function.
 COMPILE_ONLY_MODULES = [
     "torch._inductor.compile_fx",
     "torch._inductor.lowering",
@@ -131,6 +135,27 @@ class MLP(torch.nn.Module):
 def make():
     torch.manual_seed(0)
     return MLP().eval()
+
+
+def scaled_relu(x):
+    return torch.relu(x * 3.0 + 1.0).sum(dim=-1)
+
+
+def make_sequential():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)
+    ).eval()
+
+
+# What a package of each kind compiles: a user's module, a plain function, a
+# torch nn module.
+def package_target(kind):
+    return {
+        "package": make,
+        "function-package": lambda: scaled_relu,
+        "torch-module-package": make_sequential,
+    }[kind]()
 """
 
 SAVE = """
@@ -141,8 +166,9 @@ import load_imports_model
 model = load_imports_model.make()
 x = torch.randn(4, 16)
 with torch.no_grad():
-    if sys.argv[1] == "package":
-        compiled = torch.compile(model, package=sys.argv[2])
+    if sys.argv[1].endswith("package"):
+        target = load_imports_model.package_target(sys.argv[1])
+        compiled = torch.compile(target, package=sys.argv[2])
         compiled(x)
         compiled.save_package()
     else:
@@ -183,7 +209,9 @@ x = torch.randn(4, 16)
 report = {}
 with torch.no_grad():
     expected = model(x)
-    if sys.argv[1] == "package":
+    if sys.argv[1].endswith("package"):
+        model = load_imports_model.package_target(sys.argv[1])
+        expected = model(x)
         compiled = torch.compile(model, package=sys.argv[2])
         compiled.load_package()
         with torch.compiler.set_stance("fail_on_recompile"):
@@ -205,6 +233,24 @@ with torch.no_grad():
     report["frames_compiled"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
 report["imported_after_miss"] = [m for m in compile_only if m in sys.modules]
 print("REPORT" + json.dumps(report))
+"""
+
+CHECK_BEFORE_AND_AFTER_THE_MAP = """
+import json
+import torch
+import torch._dynamo
+from torch._dynamo import trace_rules
+import load_imports_model
+
+built_before = trace_rules.rule_map_is_built()
+before = trace_rules.check_verbose(load_imports_model.scaled_relu)
+trace_rules.get_torch_obj_rule_map()
+after = trace_rules.check_verbose(load_imports_model.scaled_relu)
+print("REPORT" + json.dumps({
+    "built_before": built_before,
+    "before": [before.skipped, before.reason],
+    "after": [after.skipped, after.reason],
+}))
 """
 
 TRITON_DTYPE = """
@@ -289,6 +335,37 @@ class TestLoadImports(torch._dynamo.test_case.TestCase):
 
     def test_load_compiled_function_imports_only_the_runtime(self):
         self.check_loads_only_the_runtime("aot")
+
+    def test_package_of_a_plain_function_imports_only_the_runtime(self):
+        # torch.compile(fn) looks fn up in trace_rules without building the
+        # rule map (NOTE: [Functions of other modules are not in the torch
+        # object rule map]).
+        self.check_loads_only_the_runtime("function-package")
+
+    def test_package_of_a_torch_nn_module_imports_only_the_runtime(self):
+        # torch.compile(nn.Sequential(...)) checks the function wrap_inline
+        # wraps it in without building the rule map either.
+        self.check_loads_only_the_runtime("torch-module-package")
+
+    def test_python_functions_in_the_rule_map_are_torch_functions(self):
+        # What the lookup without the map relies on: every Python function key
+        # of the built map is defined in torch, so one defined elsewhere is not
+        # a key; and such a function is looked up alike before and after the
+        # map is built.
+        from torch._dynamo import trace_rules
+
+        report = self.run_fresh(CHECK_BEFORE_AND_AFTER_THE_MAP)
+        self.assertFalse(report["built_before"])
+        self.assertEqual(report["before"], report["after"])
+        self.assertEqual(report["before"][0], False)  # compiled, not skipped
+        rule_map = trace_rules.get_torch_obj_rule_map()
+        outside_torch = [
+            key
+            for key in rule_map
+            if isinstance(key, types.FunctionType)
+            and key.__module__.split(".")[0] != "torch"
+        ]
+        self.assertEqual(outside_torch, [])
 
     @unittest.skipUnless(has_triton_package(), "needs triton")
     def test_triton_dtype_is_a_constant_once_triton_is_imported(self):

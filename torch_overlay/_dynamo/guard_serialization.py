@@ -72,6 +72,7 @@ import importlib
 import io
 import logging
 import pickle
+import itertools
 import re
 import sys
 import types
@@ -1137,6 +1138,34 @@ class LoadedGuardsState:
     keep_alive: list = dataclasses.field(default_factory=list)
 
 
+# NOTE: [Names a loaded entry installs keep their numbers]
+# A loaded entry installs the globals its bytecode and guards read under their
+# saved names (the builtins dict as __builtins_dict___0, modules, named
+# objects): its guards name them (G['__builtins_dict___0']['len']), so they
+# cannot be renamed as its graphs and resume functions are. Dynamo numbers the
+# globals it installs from one per-process counter (unique_id) and asserts that
+# a name it installs is new; after a load, the next compile in the same module
+# (a miss of a torch nn module's frame, whose globals are Dynamo's
+# external_utils) would choose __builtins_dict___0 again and fail that assert.
+# So a load moves the counter past every number the names it installed carry
+# (hydrate() for the guards' installed globals, CompilePackage for the
+# bytecode's).
+_DYNAMO_NUMBERED_NAME = re.compile(r"_(\d+)$")
+
+
+def reserve_dynamo_global_names(names) -> None:
+    """See NOTE: [Names a loaded entry installs keep their numbers]."""
+    numbers = [int(m.group(1)) for name in names if (m := _DYNAMO_NUMBERED_NAME.search(name))]
+    if not numbers:
+        return
+    from torch._dynamo import bytecode_transformation
+
+    following = next(bytecode_transformation._unique_id_counter)
+    bytecode_transformation._unique_id_counter = itertools.count(
+        max(following, max(numbers) + 1)
+    )
+
+
 def hydrate(state: GuardsState, f_code, runtime_global_scope=None) -> LoadedGuardsState:
     from torch._dynamo.guard_serialization_codecs import _Hydrator
 
@@ -1157,6 +1186,7 @@ def hydrate(state: GuardsState, f_code, runtime_global_scope=None) -> LoadedGuar
         runtime_global_scope = vars(module) if module is not None else {}
     for name, ref in og.installed_globals.items():
         runtime_global_scope.setdefault(name, resolve_name(ref))
+    reserve_dynamo_global_names(og.installed_globals)
     loaded = dataclasses.replace(
         og,
         local_scope={k: h(v) for k, v in og.local_scope.items()},

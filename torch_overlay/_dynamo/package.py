@@ -1440,6 +1440,10 @@ class CompilePackage:
                 from torch._dynamo.guard_serialization import _NamedRef, resolve_name
 
                 f_globals.setdefault(name, resolve_name(_NamedRef(ref[1], ref[2])))
+        # See NOTE: [Names a loaded entry installs keep their numbers]
+        from torch._dynamo.guard_serialization import reserve_dynamo_global_names
+
+        reserve_dynamo_global_names(name for name in entry.globals if name not in renames)
         out_code = _rename_globals(codes[""], renames)
         loaded = _LoadedEntry(entry, out_code, f_globals)
         self._loaded.append(loaded)
