@@ -125,10 +125,20 @@ class TestImportHook(TestCase):
             """,
             overlay=False,
         )
+        # The modules named are the ones `import torch` imports that the
+        # installed base's series patches: the 2.7.1 series also patches the
+        # config modules' installer (a load-time patch 2.6.0's leaves out).
+        from torch_overlay._overlay.series import base_version, installed_base
+
+        imported_patched = ["torch", "torch._functorch.pyfunctorch", "torch.compiler"]
+        if installed_base() == base_version():
+            imported_patched.append("torch.utils._config_module")
+        out = proc.stdout.strip()
+        self.assertIn(f"module(s) {', '.join(imported_patched)} had already", out)
         self.assertExpectedInline(
-            proc.stdout.strip(),
+            out.replace(", ".join(imported_patched), "<modules>"),
             """\
-torch_overlay was activated after the patched module(s) torch, torch._functorch.pyfunctorch, torch.compiler had already been imported unpatched; activating now would leave a half-patched torch. Set TORCH_OVERLAY=1 in the environment before starting Python, or call torch_overlay.activate() before `import torch`.
+torch_overlay was activated after the patched module(s) <modules> had already been imported unpatched; activating now would leave a half-patched torch. Set TORCH_OVERLAY=1 in the environment before starting Python, or call torch_overlay.activate() before `import torch`.
 active: False""",
         )
 
