@@ -249,6 +249,33 @@ active: False""",
         after = set(mirrored_pycache.glob("*.pyc")) if mirrored_pycache.exists() else set()
         self.assertEqual(after - before, set())
 
+    def test_bytecode_cache_serves_torch_at_another_path_with_that_path(self):
+        # NOTE: [Cached overlay bytecode is keyed by source and path]: the same
+        # environment reached through a symlink has torch at another path; the
+        # cached bytecode of the first process must not give the second one's
+        # modules the first one's file names (Dynamo recognises torch's frames
+        # by their files).
+        linked_prefix = self.tmp / "linked-venv"
+        linked_prefix.symlink_to(sys.prefix, target_is_directory=True)
+        linked_python = linked_prefix / Path(sys.executable).relative_to(sys.prefix)
+        code = """
+            import torch, torch._dynamo.eval_frame as ef, torch._dynamo.package as pkg
+            torch_dir = torch.__file__.rsplit("/", 1)[0]
+            print(ef.DisableContext.__call__.__code__.co_filename.startswith(torch_dir))
+            print(pkg.CompilePackage.load.__code__.co_filename.startswith(torch_dir))
+            print(torch._dynamo.trace_rules.check(ef.DisableContext.__call__))
+            """
+        for python in (sys.executable, str(linked_python)):
+            proc = subprocess.run(
+                [python, "-c", textwrap.dedent(code)],
+                env=_env(True, self.cache),
+                capture_output=True,
+                text=True,
+                cwd=str(self.tmp),
+            )
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+            self.assertEqual(proc.stdout.split()[-3:], ["True", "True", "True"], python)
+
     def test_traceback_points_into_patched_source(self):
         # make_guard_filter_entry exists only in the patched guards.py: a failure in
         # it must report the patched line number and the patched text.

@@ -127,7 +127,16 @@ class _OverlaySourceLoader(importlib.abc.InspectLoader):
 
     def get_code(self, fullname: str):
         source = self._source_bytes()
-        digest = _materialize.sha256_bytes(source).encode()
+        # NOTE: [Cached overlay bytecode is keyed by source and path]
+        # A code object carries the path it was compiled for (co_filename), which
+        # Dynamo's skip rules and tracebacks read: torch's own frames are known
+        # by their files. One overlay cache may serve torch at more than one path
+        # (a venv reached through a symlink, a moved venv, two checkouts sharing
+        # TORCH_OVERLAY_CACHE_DIR), so the key is the source AND the path: bytecode
+        # compiled for /a/torch/_dynamo/eval_frame.py is never run as the module at
+        # /b/torch/_dynamo/eval_frame.py (where Dynamo, not knowing the file for
+        # torch's, compiled its own frames).
+        digest = _materialize.sha256_bytes(source + b"\0" + self.origin.encode()).encode()
         pyc = self._pyc_path()
         if pyc is not None:
             try:
