@@ -70,9 +70,9 @@ import functools
 import gc
 import importlib
 import io
+import itertools
 import logging
 import pickle
-import itertools
 import re
 import sys
 import types
