@@ -389,8 +389,14 @@ class TestLoadImports(torch._dynamo.test_case.TestCase):
         self.assertEqual(
             [key for key in rule_map if isinstance(key, types.MethodType)], []
         )
+        # A file map made before the rule maps were resolved (a code object
+        # looked up before any compile) holds their classes by name, which the
+        # lookup turns into the classes (_variable_class).
         self.assertEqual(
-            trace_rules.get_torch_file_rule_map(),
+            {
+                key: trace_rules._variable_class(rule)
+                for key, rule in trace_rules.get_torch_file_rule_map().items()
+            },
             {key: rule for key, rule in rule_map.items() if isinstance(key, str)},
         )
         # The polyfills Dynamo registered while it was imported are in it.
