@@ -104,9 +104,9 @@ def load_guards_state(guards_state: bytes):
 # collects; a full collection walks every object of the process (50-80 ms after
 # `import torch` on a 2-core machine, a tenth of a package load) and finds no
 # garbage. So the loader pauses the collector while it reads, checks and
-# unpickles a package (CompilePackage.load and load_files: load_package,
-# load_compiled_function) and while it builds a loaded entry's guard manager on
-# its first call, and turns it back on afterwards, when the load fails too. A
+# unpickles a package (CompilePackage.load, load_compiled_function) and while
+# it builds a loaded entry's guard manager on its first call, and turns it back
+# on afterwards, when the load fails too. A
 # collector the user turned off stays off, and nested pauses are one pause. No
 # collection is skipped for good: the objects allocated meanwhile stay counted
 # and the collector runs at its next threshold after the load.
@@ -1269,11 +1269,8 @@ class CompilePackage:
         fields, every file against its sha256, the entries' structure, the
         graphs and kernels they name, their bytecode and guards against the
         live function; a failed load leaves nothing behind (no temp files).
-        The cyclic GC is paused meanwhile (NOTE: [No cyclic GC during a load])."""
-        with cyclic_gc_paused():
-            return self._load_files(files, manifest, path)
-
-    def _load_files(self, files, manifest, path):
+        Its callers (load, load_compiled_function) pause the cyclic GC (NOTE:
+        [No cyclic GC during a load])."""
         started = time.perf_counter()
         manifest = check_manifest_schema(manifest, path)
         check_files(files, manifest, path)
