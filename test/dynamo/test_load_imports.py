@@ -66,6 +66,11 @@ from torch.utils._triton import has_triton_package
 # nor filelock and the multi-kernel code generator, which the Inductor runtime
 # and every generated wrapper's header imported (patch
 # inductor-Loading-compiled-code-imports-neither-filelock-nor-the-multi-kernel-code-genera).
+# Nor torch._numpy with numpy.random (Dynamo's NumPy interop tables), cProfile
+# and pstats, profile-guided code state with the caches it reads, or replay
+# records, which `import torch._dynamo` imported for a compile or a debugging
+# mode (patch
+# dynamo-import-torch._dynamo-imports-neither-torch._numpy-nor-the-profiler-PGO-or-replay-).
 # All of this for a package of a module, of a plain function (whose
 # torch.compile() built the torch object rule map before patch
 # dynamo-torch.compile-of-a-plain-function-or-a-torch-nn-module-does-not-build-the-torch-o)
@@ -115,6 +120,12 @@ COMPILE_ONLY_MODULES = [
     "torch._dynamo.side_effects",
     "torch._dynamo._trace_wrapped_higher_order_op",
     "torch.onnx",
+    "torch._numpy",
+    "numpy.random",
+    "cProfile",
+    "pstats",
+    "torch._dynamo.pgo",
+    "torch._dynamo.replay_record",
 ]
 
 MODEL = """
@@ -253,6 +264,66 @@ print("REPORT" + json.dumps({
 }))
 """
 
+NUMPY_INTEROP = """
+import json, sys
+
+import numpy as np
+import torch
+import torch._dynamo
+
+report = {"tnp_at_import": "torch._numpy" in sys.modules}
+from torch._dynamo.utils import NP_SUPPORTED_MODULES, NP_TO_TNP_MODULE
+
+import torch._numpy as tnp
+
+report["supported"] = [m.__name__ for m in NP_SUPPORTED_MODULES]
+report["in_sync"] = list(NP_TO_TNP_MODULE) == list(NP_SUPPORTED_MODULES)
+report["to_tnp"] = [m.__name__ for m in NP_TO_TNP_MODULE.values()]
+report["same_table"] = torch._dynamo.utils.NP_TO_TNP_MODULE is NP_TO_TNP_MODULE
+report["tnp_attr"] = torch._dynamo.utils.tnp is tnp
+
+
+def f(x):
+    a = x.numpy()
+    return torch.from_numpy(np.fft.fft(np.sin(a)).real + a.sum())
+
+
+from torch._dynamo.testing import CompileCounter
+
+counter = CompileCounter()
+x = torch.randn(4, 5)
+out = torch.compile(f, backend=counter, fullgraph=True)(x)
+report["same"] = torch.allclose(out.double(), f(x).double(), atol=1e-4)
+report["frames"] = counter.frame_count
+print("REPORT" + json.dumps(report))
+"""
+
+RESET_CODE_STATE = """
+import json, sys
+
+import torch
+import torch._dynamo
+
+torch._dynamo.reset()
+report = {"pgo_after_reset": "torch._dynamo.pgo" in sys.modules}
+
+
+def f(x):
+    return x * 2
+
+
+compiled = torch.compile(f, backend="eager", dynamic=False)
+for n in (3, 4):
+    compiled(torch.randn(n))
+import torch._dynamo.pgo as pgo
+
+report["same_function"] = torch._dynamo.reset_code_state is pgo.reset_code_state
+report["state_before"] = pgo._CODE_STATE is not None
+torch._dynamo.reset()
+report["state_after"] = pgo._CODE_STATE is not None
+print("REPORT" + json.dumps(report))
+"""
+
 TRITON_DTYPE = """
 import json, sys
 import torch
@@ -377,6 +448,34 @@ class TestLoadImports(torch._dynamo.test_case.TestCase):
         self.assertEqual(report["outs"], [2.0, 3.0])
         self.assertEqual(report["graphs"], 2)
         self.assertTrue(report["is_constant_type"])
+
+    def test_numpy_interop_tables_are_made_on_first_use(self):
+        # See NOTE: [NumPy interop modules are imported on first use]: import
+        # torch._dynamo no longer imports torch._numpy; the tables are made,
+        # in sync, on first access, and tracing NumPy code uses them.
+        report = self.run_fresh(NUMPY_INTEROP)
+        self.assertFalse(report["tnp_at_import"])
+        self.assertEqual(
+            report["supported"], ["numpy", "numpy.fft", "numpy.linalg", "numpy.random"]
+        )
+        self.assertEqual(
+            report["to_tnp"],
+            ["torch._numpy", "torch._numpy.fft", "torch._numpy.linalg", "torch._numpy.random"],
+        )
+        self.assertTrue(report["in_sync"])
+        self.assertTrue(report["same_table"])
+        self.assertTrue(report["tnp_attr"])
+        self.assertTrue(report["same"])
+        self.assertEqual(report["frames"], 1)
+
+    def test_reset_clears_code_state_without_importing_pgo_first(self):
+        # reset() before any compile does not import torch._dynamo.pgo (there
+        # is no code state yet); after compiles it clears the state as before.
+        report = self.run_fresh(RESET_CODE_STATE)
+        self.assertFalse(report["pgo_after_reset"])
+        self.assertTrue(report["same_function"])
+        self.assertTrue(report["state_before"])
+        self.assertFalse(report["state_after"])
 
     def test_rule_map_lookups_without_the_map_agree_with_it(self):
         # See NOTE: [The torch object rule map is built on first use]: before
