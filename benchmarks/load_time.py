@@ -109,6 +109,17 @@ CONFIGS = [
 
 COLD = "torch.compile, empty cache (cold)"
 
+# NOTE: [More rounds for the loads]
+# The goals compare our loads with eager (ratios of fresh processes of the
+# same round), and what a load adds to eager (0.1-0.4 s) is smaller than how
+# much one configuration's process varies between rounds on a 2-core machine
+# (0.3-0.7 s): three rounds do not settle a ratio near its goal. Eager and our
+# two loads take 2 s a process and the compiles and upstream's loads 10-30 s,
+# so eager and our loads run in --load-runs rounds and the rest in the first
+# --runs of them; every ratio is still taken within a round (a configuration
+# measured in fewer rounds is paired with those rounds' eager and cold compile).
+LOAD_CONFIG_IDS = ("eager", "package", "aot")
+
 
 def config_id(config) -> str:
     """Short name of a CONFIGS row: eager, compile, compile-warm, megacache,
@@ -526,6 +537,13 @@ def summarize(values: list[float]) -> dict:
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--load-runs",
+        type=int,
+        default=9,
+        help="rounds for eager and our two loads (NOTE: [More rounds for the "
+        "loads]); at least --runs",
+    )
     parser.add_argument("--models", default="mlp,transformer,convnet")
     parser.add_argument("--out", default=str(BENCH_DIR / "results" / "load_time"))
     parser.add_argument(
@@ -559,18 +577,25 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def measure_model(model: str, configs: list, runs: int, workdir: Path, primed: dict) -> dict:
-    """Every configuration's seconds on ``model`` over ``runs`` rounds, with its
+def measure_model(
+    model: str, configs: list, runs: int, workdir: Path, primed: dict, load_runs: int = 0
+) -> dict:
+    """Every configuration's seconds on ``model`` over ``runs`` rounds (eager and
+    our loads over ``load_runs``, NOTE: [More rounds for the loads]), with its
     ratios to eager and to the cold compile of the same round."""
     per_run: dict[str, list[float]] = {c[0]: [] for c in configs}
-    for run in range(runs):
+    for run in range(max(runs, load_runs)):
         for config in configs:
+            if run >= runs and config_id(config) not in LOAD_CONFIG_IDS:
+                continue
             seconds = measure_config(config, model, workdir, primed)
             per_run[config[0]].append(seconds)
             log.info("%s %s run %d: %.2fs", model, config[0], run, seconds)
             print(f"{model:12s} {config[0]:42s} run {run}: {seconds:6.2f} s", flush=True)
     eager = per_run["eager"]
     cold = per_run[COLD]
+    # zip pairs a configuration's rounds with the same rounds of eager and of
+    # the cold compile (every configuration starts at round 0).
     return {
         label: {
             **summarize(values),
@@ -587,7 +612,9 @@ def measure_everything(args, report: dict, configs: list, workdir: Path) -> None
     into ``report``."""
     primed: dict = {}
     for model in args.models.split(","):
-        report["models"][model] = measure_model(model, configs, args.runs, workdir, primed)
+        report["models"][model] = measure_model(
+            model, configs, args.runs, workdir, primed, args.load_runs
+        )
     report["phases"] = measure_phases(args, workdir)
     report["many_packages"] = many_packages(workdir, args.runs)
     print("many packages", json.dumps(report["many_packages"]), flush=True)
@@ -650,6 +677,7 @@ def main(argv=None) -> int:
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "runs": args.runs,
+        "load_runs": max(args.runs, args.load_runs),
         "import_torch_s": {
             "stock": summarize([import_time(False) for _ in range(args.runs)]),
             "overlay": summarize([import_time(True) for _ in range(args.runs)]),
@@ -760,9 +788,16 @@ def render_steady_state(steady: dict) -> list[str]:
 
 def render(report: dict) -> str:
     lines = [
-        f"Machine: {report['machine']}; {report['runs']} fresh processes per figure; "
-        "seconds from process start to first output (min / median); ratios to the "
-        "eager floor and to the cold compile of the same run (median).",
+        f"Machine: {report['machine']}; {report['runs']} fresh processes per figure"
+        + (
+            f", {report['load_runs']} for eager and our two loads (NOTE: [More rounds "
+            "for the loads] in benchmarks/load_time.py)"
+            if report.get("load_runs", report["runs"]) > report["runs"]
+            else ""
+        )
+        + "; seconds from process start to first output (min / median); ratios to the "
+        "eager floor and to the cold compile of the same run (median of per-round "
+        "ratios).",
         "",
     ]
     for model, rows in report["models"].items():
