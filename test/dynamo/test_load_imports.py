@@ -67,7 +67,7 @@ from torch.utils._triton import has_triton_package
 # and every generated wrapper's header imported (patch
 # inductor-Loading-compiled-code-imports-neither-filelock-nor-the-multi-kernel-code-genera).
 # Nor torch._numpy with numpy.random (Dynamo's NumPy interop tables), cProfile
-# and pstats, profile-guided code state with the caches it reads, or replay
+# and pstats, profile-guided code state (torch._dynamo.pgo) or replay
 # records, which `import torch._dynamo` imported for a compile or a debugging
 # mode (patch
 # dynamo-import-torch._dynamo-imports-neither-torch._numpy-nor-the-profiler-PGO-or-replay-).
