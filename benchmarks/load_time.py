@@ -578,13 +578,13 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def measure_model(
-    model: str, configs: list, runs: int, workdir: Path, primed: dict, load_runs: int = 0
+    model: str, configs: list, runs: int, workdir: Path, primed: dict, load_runs: int
 ) -> dict:
     """Every configuration's seconds on ``model`` over ``runs`` rounds (eager and
     our loads over ``load_runs``, NOTE: [More rounds for the loads]), with its
     ratios to eager and to the cold compile of the same round."""
     per_run: dict[str, list[float]] = {c[0]: [] for c in configs}
-    for run in range(max(runs, load_runs)):
+    for run in range(load_runs):
         for config in configs:
             if run >= runs and config_id(config) not in LOAD_CONFIG_IDS:
                 continue
@@ -620,7 +620,7 @@ def measure_everything(args, report: dict, configs: list, workdir: Path) -> None
     print("many packages", json.dumps(report["many_packages"]), flush=True)
     # Per-call figures of µs vary as much between processes as the loads do
     # (NOTE: [More rounds for the loads]): they take the loads' rounds.
-    report["steady_state_mlp_us"] = steady_state(workdir, max(args.runs, args.load_runs))
+    report["steady_state_mlp_us"] = steady_state(workdir, args.load_runs)
 
 
 def measure_phases(args, workdir: Path) -> dict:
@@ -663,11 +663,12 @@ def remeasure_steady_state(out: Path, runs: int) -> int:
 
 def main(argv=None) -> int:
     args = make_parser().parse_args(argv)
+    args.load_runs = max(args.runs, args.load_runs)
     if args.zoo:
         return zoo_load_times(args.runs)
     out = Path(args.out)
     if args.steady_state_only:
-        return remeasure_steady_state(out, max(args.runs, args.load_runs))
+        return remeasure_steady_state(out, args.load_runs)
     if args.phases_only:
         return remeasure_phases(args, out)
     configs = [c for c in CONFIGS if c[1] == "overlay" or UPSTREAM_PY.exists()]
@@ -679,7 +680,7 @@ def main(argv=None) -> int:
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "runs": args.runs,
-        "load_runs": max(args.runs, args.load_runs),
+        "load_runs": args.load_runs,
         "import_torch_s": {
             "stock": summarize([import_time(False) for _ in range(args.runs)]),
             "overlay": summarize([import_time(True) for _ in range(args.runs)]),
