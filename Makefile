@@ -222,6 +222,21 @@ upstream-venv: $(UPSTREAM_STAMP)
 diff-upstream: venv wheel-venv upstream-venv
 	$(PY) $(BEHAVIOUR_DIFF) --out $(DIFF_DIR) $(DIFF_ARGS)
 
+# Upstream conformance (tools/upstream_conformance/run_conformance.py): torch 2.13's
+# own precompile test files (../shared/upstream-tests/2.13, run UNCHANGED, never
+# copied here) on the overlay and on the patched wheel, one process and one empty
+# inductor cache per file; a table per test next to 2.13's own result on CPU, each
+# difference with its reason from tools/upstream_conformance/keep_list.toml.
+# Report: $(BUILD)/upstream-conformance/report.md. CONFORMANCE_ARGS adds options
+# (e.g. --files test/dynamo/test_package.py, --envs overlay).
+UPSTREAM_TESTS := $(abspath ../shared/upstream-tests/2.13)
+CONFORMANCE_ARGS ?=
+.PHONY: upstream-conformance
+
+upstream-conformance: venv wheel-venv
+	$(PY) tools/upstream_conformance/run_conformance.py --tests-root $(UPSTREAM_TESTS) \
+		--out $(BUILD)/upstream-conformance $(CONFORMANCE_ARGS)
+
 # The README's main job: compile with a package, load it in a fresh process with
 # an empty inductor cache, nothing recompiles.
 demo: venv
