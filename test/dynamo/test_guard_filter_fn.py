@@ -52,6 +52,9 @@ class GuardFilterFnTests(torch._dynamo.test_case.TestCase):
             f"{e.name or '<global state>'}: {e.guard_type} {e.derived_guard_types} "
             f"global={e.is_global} has_value={e.has_value}"
             for e in sorted(seen, key=lambda e: (e.name, e.guard_type))
+            # The guard filter presets' patch adds upstream's GLOBAL_STATE guard
+            # (test_guard_filter_presets.py); this summary holds with and without it.
+            if e.guard_type != "GLOBAL_STATE"
         )
         self.assertExpectedInline(
             summary,

@@ -1139,6 +1139,86 @@ def read_manifest(path: Path) -> dict:
     return check_manifest(parse_manifest(raw, path), path)
 
 
+# NOTE: [Guard filter of a package]
+# A package compiled with one of torch.compiler's guard filter presets
+# (NOTE: [Guard filter presets]) saved only the guards that preset kept, and its
+# entries check only those when loaded: the load decides as the saving process
+# did. The manifest names the preset (``"guard_filter_fn":
+# "torch.compiler.skip_guard_on_all_nn_modules_unsafe"``; ``"<custom>"`` for
+# any other filter, whose name says nothing in another process) and a load
+# reports it. torch._dynamo.optimize notes the filter of a package's compile
+# (note_guard_filter); the manifest's writer adds guard_filter_manifest_fields.
+GUARD_FILTER_PRESETS = (
+    "keep_portable_guards_unsafe",
+    "skip_guard_on_inbuilt_nn_modules_unsafe",
+    "skip_guard_on_all_nn_modules_unsafe",
+    "keep_tensor_guards_unsafe",
+    "skip_guard_on_globals_unsafe",
+    "skip_all_guards_unsafe",
+)
+CUSTOM_GUARD_FILTER = "<custom>"
+
+
+def guard_filter_name(guard_filter_fn) -> Optional[str]:
+    """The manifest's name for ``guard_filter_fn``: ``torch.compiler.<preset>``
+    (``keep_tensor_guards_unsafe(keep_parameters=True)`` for that partial),
+    ``"<custom>"`` for another function, None for no filter."""
+    import functools
+
+    import torch.compiler
+
+    if guard_filter_fn is None:
+        return None
+    for name in GUARD_FILTER_PRESETS:
+        if guard_filter_fn is getattr(torch.compiler, name):
+            return f"torch.compiler.{name}"
+    if (
+        isinstance(guard_filter_fn, functools.partial)
+        and guard_filter_fn.func is torch.compiler.keep_tensor_guards_unsafe
+        and not guard_filter_fn.args
+        and set(guard_filter_fn.keywords) <= {"keep_parameters"}
+    ):
+        keep = bool(guard_filter_fn.keywords.get("keep_parameters", False))
+        return f"torch.compiler.keep_tensor_guards_unsafe(keep_parameters={keep})"
+    return CUSTOM_GUARD_FILTER
+
+
+def note_guard_filter(package, guard_filter_fn) -> None:
+    """Remember the guard filter ``package``'s frames are compiled with."""
+    package._guard_filter_name = guard_filter_name(guard_filter_fn)
+
+
+def guard_filter_manifest_fields(package) -> dict:
+    """The manifest fields that record ``package``'s guard filter (none without one)."""
+    name = getattr(package, "_guard_filter_name", None)
+    return {"guard_filter_fn": name} if name is not None else {}
+
+
+def saved_guard_filter(manifest: dict, where) -> Optional[str]:
+    """The guard filter a package was saved with (None: all guards kept), checked
+    and reported."""
+    name = manifest.get("guard_filter_fn")
+    if name is None:
+        return None
+    presets = {f"torch.compiler.{p}" for p in GUARD_FILTER_PRESETS}
+    if not isinstance(name, str) or not (
+        name in presets
+        or name == CUSTOM_GUARD_FILTER
+        or re.fullmatch(r"torch\.compiler\.keep_tensor_guards_unsafe\(keep_parameters=(True|False)\)", name)
+    ):
+        raise PackageError(
+            f"package {where}: {MANIFEST} field 'guard_filter_fn' is {str(name)[:80]!r}, "
+            "not a torch.compiler guard filter preset or '<custom>'"
+        )
+    log.info(
+        "package %s was saved with guard_filter_fn=%s: its entries check only the "
+        "guards that filter kept",
+        where,
+        name,
+    )
+    return name
+
+
 def check_manifest(manifest, path) -> dict:
     """Check a manifest's fields (types, allowed values) and it against this
     process (format, versions, CPU, devices)."""
@@ -1167,6 +1247,7 @@ def check_manifest(manifest, path) -> dict:
             )
     if not isinstance(manifest.get("files"), dict) or _DYNAMO_FILE not in manifest["files"]:
         raise PackageError(f"package {path}: {MANIFEST} lists no entries file")
+    saved_guard_filter(manifest, path)
     return manifest
 
 
