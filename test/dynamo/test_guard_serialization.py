@@ -253,7 +253,14 @@ def build_check_fn_manager(
     frame = frame_of(fn, args, kwargs)
 
     def keep_guard_types(entries):
-        return [e.guard_type in guard_types for e in entries]
+        # The global state and torch function mode stack guards stay, as when
+        # 2.7.1 installed them outside any filter (the guard filter presets'
+        # patch made them the filterable GLOBAL_STATE / TORCH_FUNCTION_STATE).
+        return [
+            e.guard_type in guard_types
+            or e.guard_type in ("GLOBAL_STATE", "TORCH_FUNCTION_STATE")
+            for e in entries
+        ]
 
     if guard_filter_fn is None and guard_types:
         guard_filter_fn = keep_guard_types

@@ -881,9 +881,27 @@ _NOT_YET = object()
 class CompilePackage:
     """The compiled entries of one ``torch.compile()``; see the module docstring."""
 
-    def __init__(self, fn, path: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        fn,
+        dynamo: Optional[_DynamoCacheEntry] = None,
+        ignore_inlined_sources: bool = False,
+        *,
+        path: Optional[str] = None,
+    ) -> None:
+        if isinstance(dynamo, (str, os.PathLike)):
+            # torch.compile(..., package=path): this project's spelling.
+            path, dynamo = os.fspath(dynamo), None
         self._fn = fn
         self.path = path
+        self.source_info = SourceInfo()
+        self._ignore_inlined_sources = ignore_inlined_sources
+        # upstream's recording API (code_context / add_*): the code being compiled
+        self._current_code: Optional[types.CodeType] = None
+        self._backend_ids: dict[str, list[str]] = {}
+        self._cached_backends: dict[str, Any] = {}
+        self._pending: Optional[_DynamoCacheEntry] = None
+        self._store_key: Optional[str] = None
         self.backend: Optional[RecordingBackend] = None
         self.entries: list[_Entry] = []
         self._graph_records: dict[str, _GraphRecord] = {}
@@ -907,6 +925,116 @@ class CompilePackage:
         self._loaded_devices: set[str] = set()
         self._loaded_frozen = False
         self._uid = _sha256(os.urandom(16))[:10]
+        if dynamo is not None:
+            self.initialize(fn, dynamo, ignore_inlined_sources)
+
+    # -- upstream's API (NOTE: [Packages in upstream's shape]) ---------------
+    def is_initialized(self) -> bool:
+        return self._fn is not None
+
+    def initialize(self, fn, dynamo: Optional[_DynamoCacheEntry] = None, ignore_inlined_sources: bool = False) -> None:
+        """Bind the package to ``fn``; with ``dynamo``, check the saved entry
+        against this process (Python and torch versions, inlined sources) and
+        keep it for :meth:`install`."""
+        if self._pending is not None:
+            raise AssertionError("CompilePackage is already initialized")
+        self._fn = fn
+        self._ignore_inlined_sources = ignore_inlined_sources
+        if dynamo is None:
+            return
+        if not isinstance(dynamo, _DynamoCacheEntry):
+            raise AssertionError(f"Expected _DynamoCacheEntry, got {type(dynamo)}")
+        dynamo.check_versions()
+        if not ignore_inlined_sources:
+            dynamo.source_info.check_unchanged()
+        self.source_info = dynamo.source_info
+        self._pending = dynamo
+
+    @property
+    def source_id(self) -> str:
+        return source_id_from_fn(self._fn)
+
+    @staticmethod
+    def source_id_from_fn(fn) -> str:
+        return source_id_from_fn(fn)
+
+    @contextlib.contextmanager
+    def code_context(self, code: types.CodeType):
+        """The code whose compile the add_* calls within record."""
+        previous, self._current_code = self._current_code, code
+        try:
+            yield
+        finally:
+            self._current_code = previous
+
+    def _code_being_compiled(self) -> types.CodeType:
+        if self._current_code is None:
+            raise AssertionError("no code_context(code) is active")
+        return self._current_code
+
+    def add_guarded_code(self, guards_state: bytes, dynamo_code: types.CodeType, f_globals: Optional[dict] = None) -> None:
+        """Record the compile of the current code (upstream's spelling of
+        :meth:`record_compile`, which Dynamo calls)."""
+        code = self._code_being_compiled()
+        if f_globals is None:
+            f_globals = getattr(inspect.getmodule(code), "__dict__", None) or getattr(self._fn, "__globals__", {})
+        self.record_compile(code, dynamo_code, guards_state, f_globals)
+
+    def add_backend_id(self, backend_id: str, backend: Any = None) -> None:
+        """Record that the current code calls the compiled graph ``backend_id``."""
+        code = self._code_being_compiled()
+        self._backend_ids.setdefault(code.co_name, []).append(backend_id)
+        if backend is not None:
+            self._cached_backends[backend_id] = backend
+
+    @property
+    def cached_backends(self) -> dict[str, Any]:
+        """The compiled graphs of this package's entries, by backend id."""
+        backends = dict(self._cached_backends)
+        for artifact, record in self._graph_records.items():
+            backends.setdefault(artifact, record.compiled if record.compiled is not None else record.gm)
+        return backends
+
+    def add_inlined_source(self, sources) -> None:
+        """Record the code objects Dynamo inlined; a load checks their source."""
+        if self._ignore_inlined_sources:
+            return
+        for code in sources:
+            self.source_info.add_code(code)
+
+    def bypass_current_entry(self) -> None:
+        """Leave the current code's entries out of the package."""
+        self._exclude(self._code_being_compiled(), "its compile bypassed the package")
+
+    def validate(self) -> None:
+        """RuntimeError unless every entry a save would keep can be found again
+        in a fresh process (resume functions with their callers, functions by name)."""
+        entries = self.entries + self.skipped
+        dropped = len(entries) - len(self._keep_resolvable(list(entries)))
+        if dropped:
+            raise RuntimeError(f"compile package: {dropped} entries cannot be loaded in a fresh process")
+
+    def cache_entry(self) -> _DynamoCacheEntry:
+        """The Dynamo half of this package (NOTE: [Packages in upstream's shape])."""
+        return _compile_package_cache_entry(self)
+
+    def install(self, backends: dict[str, Any]) -> None:
+        """Make the entries this package was loaded with live, with ``backends``
+        (the graphs they call, as the store returned them)."""
+        if self._pending is None:
+            raise AssertionError("install() needs a package made from a cache entry (DynamoStore.load_package)")
+        entry = PrecompileCacheEntry(self._pending, dict(backends))
+        files, manifest = entry.files_and_manifest()
+        with cyclic_gc_paused():
+            self.load_files(files, manifest, self._store_key or "<cache entry>")
+        self._pending = None
+        _installed_packages.add(self)
+
+    def uninstall(self) -> None:
+        """Drop every entry loaded into this package."""
+        _installed_packages.discard(self)
+        self._loaded.clear()
+        self._loaded_skips.clear()
 
     # -- compile side ------------------------------------------------------
     def wrap_backend(self, backend, kind: Optional[str] = None) -> RecordingBackend:
@@ -1170,6 +1298,7 @@ class CompilePackage:
             ),
             "entries": sum(1 for entry in kept if entry.out_code),
             "skipped_frames": sum(1 for entry in kept if not entry.out_code),
+            "inlined_sources": self.source_info.as_fields(),
             "files": {name: _sha256(data) for name, data in sorted(files.items())},
         }
         # NOTE: [Trust model of compile packages]: signed with
@@ -1274,6 +1403,11 @@ class CompilePackage:
         started = time.perf_counter()
         manifest = check_manifest_schema(manifest, path)
         check_files(files, manifest, path)
+        if not self._ignore_inlined_sources:
+            try:
+                SourceInfo.from_fields(manifest.get("inlined_sources", []), path).check_unchanged()
+            except RuntimeError as e:
+                raise PackageError(f"package {path}: {e}") from e
         entries = _read_entries(files, path)
         _check_package_contents(entries, files, path)
         kernel_dir, kernel_paths = extract_kernels(files, path)
@@ -1533,6 +1667,8 @@ class PackageAwareConvertFrame:
     def lookup_precompiled(self, frame, cache_entry):
         guarded = self.package.lookup(frame, cache_entry)
         if guarded is None:
+            guarded = installed_lookup(frame, cache_entry, exclude=self.package)
+        if guarded is None:
             return None
         if not _callbacks_return_convert_frame_return():
             # NOTE: [Frame callback results on torch 2.6.0]
@@ -1723,3 +1859,482 @@ def find_precompiled_lookup(callback):
 # Files
 # ---------------------------------------------------------------------------
 
+
+
+# ---------------------------------------------------------------------------
+# Upstream's shape: cache entries, stores, the Dynamo cache
+# ---------------------------------------------------------------------------
+
+
+# NOTE: [Packages in upstream's shape]
+# Upstream (torch 2.8+) splits what a torch.compile() saves in two: a
+# _DynamoCacheEntry (bytecode, guards, the codes it runs) and backend
+# artifacts, one per compiled graph, keyed by backend id and recorded in the
+# PrecompileContext. A DynamoStore stitches them into a PrecompileCacheEntry
+# and writes it; load_package reads one back into a CompilePackage, whose
+# install(backends) makes its entries live. Here the same split sits on the
+# package format this module writes (NOTE: [Package format]): the Dynamo half
+# is dynamo.bin, the kernels and the manifest's fields; each graphs/<id>.bin is
+# one backend artifact (a PackageGraphArtifact), its id the graph's artifact
+# name, which is what package.cached_backends, debug info and the
+# PrecompileContext key it by. A DiskDynamoStore writes a PrecompileCacheEntry
+# as a package directory (manifest re-hashed, re-signed with
+# config.package_signing_key), so torch.compile(package=...), save_package /
+# load_package, the Dynamo cache of caching_precompile and upstream's stores
+# all read and write one format, through one trust check (read_package).
+
+
+@dataclasses.dataclass(frozen=True)
+class InlinedSource:
+    """A function Dynamo inlined into a saved frame, and its source's hash."""
+
+    module: str
+    firstlineno: int
+    lastlineno: int
+    checksum: str
+
+
+@dataclasses.dataclass
+class SourceInfo:
+    """The sources a package's entries were traced from (checked at load)."""
+
+    inlined_sources: set[InlinedSource] = dataclasses.field(default_factory=set)
+
+    def add_code(self, code: types.CodeType) -> None:
+        module = inspect.getmodule(code)
+        if module is None or not getattr(module, "__file__", None):
+            return
+        lines = _code_source_lines(code)
+        if lines is None:
+            return
+        self.inlined_sources.add(
+            InlinedSource(
+                module=module.__name__,
+                firstlineno=code.co_firstlineno,
+                lastlineno=code.co_firstlineno + len(lines) - 1,
+                checksum=_sha256("".join(lines).encode()),
+            )
+        )
+
+    def check_unchanged(self) -> None:
+        """RuntimeError naming the first inlined source that changed since save."""
+        for source in sorted(self.inlined_sources, key=dataclasses.astuple):
+            module = sys.modules.get(source.module)
+            current = _module_lines(module, source.firstlineno, source.lastlineno)
+            if current is None or _sha256("".join(current).encode()) != source.checksum:
+                raise RuntimeError(
+                    f"Source code changes detected for {source.module} "
+                    f"(line {source.firstlineno} - line {source.lastlineno})"
+                )
+
+    def as_fields(self) -> list[list]:
+        return [list(dataclasses.astuple(s)) for s in sorted(self.inlined_sources, key=dataclasses.astuple)]
+
+    @classmethod
+    def from_fields(cls, fields, where) -> SourceInfo:
+        if not isinstance(fields, list) or not all(
+            isinstance(f, list)
+            and len(f) == 4
+            and isinstance(f[0], str)
+            and isinstance(f[1], int)
+            and isinstance(f[2], int)
+            and isinstance(f[3], str)
+            for f in fields
+        ):
+            raise PackageError(f"package {where}: its manifest's inlined_sources are malformed")
+        return cls({InlinedSource(*f) for f in fields})
+
+
+def _code_source_lines(code: types.CodeType) -> Optional[list[str]]:
+    try:
+        lines, _ = inspect.getsourcelines(code)
+    except (OSError, TypeError):
+        return None
+    return lines
+
+
+def _module_lines(module, first: int, last: int) -> Optional[list[str]]:
+    """Lines first..last of ``module``'s source as it is now on disk."""
+    path = getattr(module, "__file__", None)
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except OSError:
+        return None
+    if last > len(lines):
+        return None
+    return lines[first - 1 : last]
+
+
+@dataclasses.dataclass(frozen=True)
+class SystemInfo:
+    """The Python, torch and accelerator a package was saved with."""
+
+    python_version: str
+    torch_version: str
+    toolkit_version: Optional[str]
+    gpu_name: Optional[str]
+    CHECK_GPUS = ("cuda", "xpu")
+
+    @classmethod
+    def current(cls) -> SystemInfo:
+        import platform
+
+        gpu_name = toolkit_version = None
+        for device_type in cls.CHECK_GPUS:
+            device_module = getattr(torch, device_type, None)
+            if device_module is not None and device_module.is_available():
+                gpu_name = device_module.get_device_name()
+                toolkit_version = getattr(torch.version, device_type, None)
+                break
+        # The release, as the manifest records it (_environment): the patched
+        # wheel's local version (+overlay...) and CUDA tag do not change the format.
+        return cls(platform.python_version(), str(torch.__version__).split("+")[0], toolkit_version, gpu_name)
+
+    def check_compatibility(self, other: SystemInfo, device_type: str = "cpu") -> None:
+        """RuntimeError (upstream's wording) when ``other`` cannot load what
+        ``self`` saved on ``device_type``."""
+        if self.python_version != other.python_version:
+            raise RuntimeError(
+                f"Compile package was created with a different Python version: {self.python_version}"
+            )
+        if self.torch_version != other.torch_version:
+            raise RuntimeError(
+                f"Compile package was created with a different PyTorch version: {self.torch_version}"
+            )
+        if device_type in self.CHECK_GPUS:
+            if not getattr(torch, device_type).is_available():
+                raise RuntimeError(f"{device_type} is not available")
+            if self.toolkit_version != other.toolkit_version:
+                raise RuntimeError(
+                    f"Compile package was created with a different toolkit version: {self.toolkit_version}"
+                )
+            if self.gpu_name is not None and self.gpu_name != other.gpu_name:
+                raise RuntimeError(
+                    f"Compile package was created with different GPU: cached={self.gpu_name}, "
+                    f"current={other.gpu_name}"
+                )
+
+
+_GRAPH_PREFIX, _GRAPH_SUFFIX = "graphs/", ".bin"
+
+
+@dataclasses.dataclass
+class _DynamoCacheEntry:
+    """The Dynamo half of a saved package (NOTE: [Packages in upstream's shape]):
+    every file but the graphs, the manifest's fields, and the ids of the graphs
+    (backends) its entries call."""
+
+    files: dict[str, bytes]
+    manifest: dict
+    backend_ids: set[str]
+    source_info: SourceInfo
+    system_info: SystemInfo
+
+    def entries(self) -> list[_Entry]:
+        return _read_entries(self.files, "<cache entry>")
+
+    def check_versions(self) -> None:
+        self.system_info.check_compatibility(SystemInfo.current())
+
+    def debug_info(self) -> dict[str, Any]:
+        return {
+            "python_version": self.system_info.python_version,
+            "torch_version": self.system_info.torch_version,
+            "codes": [_describe_key(entry.code_key) for entry in self.entries()],
+            "backend_ids": sorted(self.backend_ids),
+            "inlined_sources": sorted(s.module for s in self.source_info.inlined_sources),
+        }
+
+
+@dataclasses.dataclass
+class PrecompileCacheEntry:
+    """A whole saved torch.compile: its Dynamo entry and the backend artifacts
+    (``precompile_context.BackendCacheArtifact``) of the graphs it calls."""
+
+    dynamo: _DynamoCacheEntry
+    backends: dict[str, Any]
+
+    @staticmethod
+    def from_cache_entry(cache_entry: _DynamoCacheEntry, backends: dict[str, Any]) -> Optional[PrecompileCacheEntry]:
+        """The entry with its backends, or None (logged) when one is missing."""
+        content = {}
+        for backend_id in sorted(cache_entry.backend_ids):
+            if backend_id not in backends:
+                log.warning("precompile cache entry bypassed: backend %s not found", backend_id)
+                return None
+            content[backend_id] = backends[backend_id]
+        return PrecompileCacheEntry(dynamo=cache_entry, backends=content)
+
+    def files_and_manifest(self) -> tuple[dict[str, bytes], dict]:
+        """The package files this entry is written as, and their manifest."""
+        from torch._dynamo.precompile_context import BackendCacheArtifact
+
+        files = dict(self.dynamo.files)
+        for backend_id, artifact in self.backends.items():
+            if not isinstance(artifact, BackendCacheArtifact):
+                raise PackageError(f"backend {backend_id} is a {type(artifact).__name__}, not a BackendCacheArtifact")
+            files[f"{_GRAPH_PREFIX}{backend_id}{_GRAPH_SUFFIX}"] = artifact.package_bytes()
+        files.pop(SIGNATURE_FILE, None)
+        manifest = dict(self.dynamo.manifest)
+        manifest["files"] = {name: _sha256(data) for name, data in sorted(files.items())}
+        signature = sign_manifest(manifest_bytes(manifest))
+        if signature is not None:
+            files[SIGNATURE_FILE] = signature
+        return files, manifest
+
+    @classmethod
+    def from_files(cls, files: dict[str, bytes], manifest: dict, where) -> PrecompileCacheEntry:
+        """Split a verified package's files into the Dynamo entry and its backends."""
+        from torch._dynamo.precompile_context import PackageGraphArtifact
+
+        dynamo_files, backends = {}, {}
+        for name, data in files.items():
+            if name.startswith(_GRAPH_PREFIX) and name.endswith(_GRAPH_SUFFIX):
+                backend_id = name[len(_GRAPH_PREFIX) : -len(_GRAPH_SUFFIX)]
+                backends[backend_id] = PackageGraphArtifact(key=backend_id, content=data)
+            elif name != SIGNATURE_FILE:
+                dynamo_files[name] = data
+        fields = {k: v for k, v in manifest.items() if k != "files"}
+        system = SystemInfo(
+            python_version=str(manifest.get("python_version")),
+            torch_version=str(manifest.get("torch_version")),
+            toolkit_version=manifest.get("toolkit_version"),
+            gpu_name=manifest.get("gpu_name"),
+        )
+        entry = _DynamoCacheEntry(
+            files=dynamo_files,
+            manifest=fields,
+            backend_ids=set(backends),
+            source_info=SourceInfo.from_fields(manifest.get("inlined_sources", []), where),
+            system_info=system,
+        )
+        return cls(dynamo=entry, backends=backends)
+
+
+def _compile_package_cache_entry(package: CompilePackage) -> _DynamoCacheEntry:
+    """``package.cache_entry()``: its Dynamo half; its graphs are recorded in
+    the PrecompileContext as backend artifacts (NOTE: [Packages in upstream's shape])."""
+    from torch._dynamo.precompile_context import PrecompileContext
+
+    files, manifest = package.collect_files()
+    split = PrecompileCacheEntry.from_files(files, manifest, package.path or "<package>")
+    for artifact in split.backends.values():
+        PrecompileContext.record_artifact(artifact)
+    split.dynamo.source_info = package.source_info
+    split.dynamo.manifest["inlined_sources"] = package.source_info.as_fields()
+    split.dynamo.system_info = SystemInfo.current()
+    split.dynamo.manifest.update(
+        {"toolkit_version": split.dynamo.system_info.toolkit_version, "gpu_name": split.dynamo.system_info.gpu_name}
+    )
+    return split.dynamo
+
+
+# Packages installed with CompilePackage.install: any package-aware Dynamo
+# callback consults them for the codes they hold (upstream installs them as
+# precompiled cache entries of the code in the C frame evaluator).
+_installed_packages: weakref.WeakSet = weakref.WeakSet()
+
+
+def installed_lookup(frame, cache_entry, exclude=None):
+    """The first installed package's hit for ``frame``, or None."""
+    for package in list(_installed_packages):
+        if package is exclude:
+            continue
+        hit = package.lookup(frame, cache_entry)
+        if hit is not None:
+            return hit
+    return None
+
+
+def source_id_from_fn(fn) -> str:
+    """The key a function's packages are kept under in the Dynamo cache:
+    sha256 of its module, qualified name and first line (NOTE: [Dynamo cache key])."""
+    from torch._dynamo.eval_frame import innermost_fn
+
+    function = innermost_fn(fn)
+    if isinstance(function, torch.nn.Module):
+        function = type(function).forward
+    owner = getattr(function, "__self__", None)
+    if isinstance(owner, torch.nn.Module):
+        function = type(owner).forward
+    function = getattr(function, "__func__", function)
+    code = getattr(function, "__code__", None)
+    if code is None:
+        raise PackageError(f"{fn!r} has no Python code to key a package by")
+    return hashlib.sha256(
+        "\0".join([str(function.__module__), function.__qualname__, str(code.co_firstlineno)]).encode()
+    ).hexdigest()
+
+
+class DynamoStore:
+    """Where compile packages are kept (upstream's torch._dynamo.package.DynamoStore)."""
+
+    def record_package(self, package: CompilePackage) -> None:
+        """Record ``package``'s cache entry in the PrecompileContext."""
+        from torch._dynamo.precompile_context import PrecompileContext
+
+        PrecompileContext.record_dynamo_cache_entry(package.cache_entry(), key=package.source_id)
+
+    def record_eager_backend(self, backend_id: str, backend: Any) -> None:
+        """Record an eager backend's graph in the PrecompileContext (upstream
+        needs this for eager graphs; the package serializes every graph it
+        calls, so a save replaces this record by the graph's package artifact)."""
+        from torch._dynamo.precompile_context import EagerCacheArtifact, PrecompileContext
+
+        PrecompileContext.record_artifact(EagerCacheArtifact(key=backend_id, content=backend))
+
+    def clear(self) -> None:
+        raise NotImplementedError
+
+    def write(self, cache_entry: PrecompileCacheEntry, path: str) -> None:
+        raise NotImplementedError
+
+    def read(self, path: str) -> PrecompileCacheEntry:
+        raise NotImplementedError
+
+    def save_cache_entry(self, cache_entry: _DynamoCacheEntry, key: str) -> None:
+        """Write ``cache_entry`` with its backends from the PrecompileContext."""
+        from torch._dynamo.precompile_context import BackendCacheArtifact, PrecompileContext
+
+        backends = {}
+        for backend_id in sorted(cache_entry.backend_ids):
+            artifact = PrecompileContext.serialize_artifact_by_key(backend_id)
+            if artifact is None:
+                raise RuntimeError(f"Backend {backend_id} is not found in the given backends")
+            if not isinstance(artifact, BackendCacheArtifact):
+                raise AssertionError(f"Expected BackendCacheArtifact, got {type(artifact)}")
+            backends[backend_id] = artifact
+        self.write(PrecompileCacheEntry(cache_entry, backends), key)
+
+    def save_package(self, package: CompilePackage, key: str) -> None:
+        self.record_package(package)
+        from torch._dynamo.precompile_context import PrecompileContext
+
+        self.save_cache_entry(PrecompileContext._dynamo_cache_entries[package.source_id], key)
+
+    def load_cache_entry(self, key: str) -> PrecompileCacheEntry:
+        from torch._dynamo.precompile_context import BackendCacheArtifact, PrecompileContext
+
+        entry = self.read(key)
+        for backend in entry.backends.values():
+            if not isinstance(backend, BackendCacheArtifact):
+                raise AssertionError(f"Expected BackendCacheArtifact, got {type(backend)}")
+            PrecompileContext.record_artifact(backend)
+        return entry
+
+    def load_package(self, fn, key: str) -> tuple[CompilePackage, dict[str, Any]]:
+        """A package for ``fn`` holding what ``key`` saved, and its backends;
+        ``package.install(backends)`` makes its entries live."""
+        entry = self.load_cache_entry(key)
+        package = CompilePackage(fn, entry.dynamo)
+        package._store_key = key
+        return package, entry.backends
+
+
+class InMemoryDynamoStore(DynamoStore):
+    """Packages kept in this process's memory."""
+
+    def __init__(self) -> None:
+        self.packages: dict[str, PrecompileCacheEntry] = {}
+
+    def clear(self) -> None:
+        self.packages.clear()
+
+    def write(self, cache_entry: PrecompileCacheEntry, path: str) -> None:
+        self.packages[path] = cache_entry
+
+    def read(self, path: str) -> PrecompileCacheEntry:
+        if path not in self.packages:
+            raise RuntimeError(f"No package found with key {path}")
+        return self.packages[path]
+
+
+class DiskDynamoStore(DynamoStore):
+    """Packages kept as package directories under a path prefix (or at the
+    path given, when the prefix is empty); local paths and fsspec URLs."""
+
+    def __init__(self, path_prefix: str = "") -> None:
+        self._path_prefix = path_prefix
+
+    def path_prefix(self) -> str:
+        return self._path_prefix
+
+    def _where(self, path: str) -> str:
+        return os.path.join(self.path_prefix(), path) if self.path_prefix() else path
+
+    def clear(self) -> None:
+        if self.path_prefix():
+            shutil.rmtree(self.path_prefix(), ignore_errors=True)
+
+    def write(self, cache_entry: PrecompileCacheEntry, path: str) -> None:
+        from . import package_storage
+
+        where = self._where(path)
+        try:
+            files, manifest = cache_entry.files_and_manifest()
+            if package_storage.is_remote(where):
+                package_storage.save_to_url(where, lambda local: _write_atomically(local, files, manifest))
+            else:
+                _write_atomically(package_storage.local_path(where), files, manifest)
+        except Exception as e:
+            raise RuntimeError(f"Failed to save package to {where}: {e}") from e
+
+    def read(self, path: str) -> PrecompileCacheEntry:
+        from . import package_storage
+
+        where = self._where(path)
+        if package_storage.is_remote(where):
+            with package_storage.fetched_package(where, check_manifest) as fetched:
+                package = read_package(fetched, check_manifest)
+        else:
+            local = package_storage.local_path(where)
+            package = package_storage.read_consistently(local, lambda p: read_package(p, check_manifest))
+        manifest = check_manifest_schema(package.manifest, where)
+        check_files(package.files, manifest, where)
+        return PrecompileCacheEntry.from_files(package.files, manifest, where)
+
+
+class DiskDynamoCache(DiskDynamoStore):
+    """The Dynamo cache: packages keyed by their function (source_id_from_fn)."""
+
+    def save(self, package: CompilePackage) -> None:
+        self.save_package(package, package.source_id)
+
+    def load(self, fn) -> Optional[PrecompileCacheEntry]:
+        key = source_id_from_fn(fn)
+        try:
+            entry = self.load_cache_entry(key)
+        except Exception as e:
+            from torch._dynamo.utils import counters
+
+            counters["dynamo_cache"]["dynamo_cache_miss"] += 1
+            log.info("no Dynamo cache entry for %s: %s", fn, e)
+            return None
+        from torch._dynamo.utils import counters
+
+        counters["dynamo_cache"]["dynamo_cache_hit"] += 1
+        return entry
+
+    def load_and_install_package(self, fn) -> Optional[CompilePackage]:
+        entry = self.load(fn)
+        if entry is None:
+            return None
+        package = CompilePackage(fn, entry.dynamo)
+        package.install(entry.backends)
+        return package
+
+    def path_prefix(self) -> str:
+        return self._path_prefix or os.path.join(cache_dir(), "dynamo")
+
+
+def cache_dir() -> str:
+    from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
+
+    return inductor_cache_dir()
+
+
+# The Dynamo cache (caching_precompile); its prefix follows the inductor cache dir.
+DynamoCache = DiskDynamoCache()
