@@ -47,6 +47,8 @@ import weakref
 from typing import Any, Callable, Optional
 
 import torch
+# Upstream's aot_compile module exports the protocol of saveable backends too.
+from torch._dynamo.aot_compile_types import SerializableCallable
 from torch._dynamo.exc import PackageError
 
 from .package import CompilePackage, cyclic_gc_paused
@@ -272,8 +274,6 @@ def _compile_fullgraph(fn, backend, args, kwargs) -> CompilePackage:
 def _check_custom_backend_output(package: CompilePackage) -> None:
     """Refuse, as upstream does at compile time, a backend whose compiled graph
     cannot be saved (see NOTE: [Custom backend artifacts] in package.py)."""
-    from torch._dynamo.aot_compile_types import SerializableCallable
-
     recording = package.backend
     if recording is None or not recording.kind.startswith(_CUSTOM_BACKEND):
         return

@@ -1,84 +1,173 @@
-"""Automatic precompile caching: compile packages kept in the inductor cache dir.
+"""The precompile context: what this process compiled, for the Dynamo cache.
+
+Upstream's ``torch._dynamo.precompile_context``: :class:`PrecompileContext`
+records the Dynamo cache entries of compile packages (by key) and the backend
+artifacts their graphs are saved as (by backend id), and
+:meth:`PrecompileContext.save_to_dynamo_cache` stitches them into
+``PrecompileCacheEntry`` s written to the Dynamo cache
+(``torch._dynamo.package.DynamoCache``). :class:`BackendCacheArtifact` is one
+backend's saved graph: :class:`PackageGraphArtifact` (a graph as a compile
+package holds it) or :class:`EagerCacheArtifact` (a live eager graph).
 
 With ``torch._dynamo.config.caching_precompile`` on, every ``torch.compile()``
-given no ``package=`` gets a compile package of its own (see
-torch/_dynamo/package.py). When the compiled callable wraps its function, the
-package is bound to it and read back from ``<cache dir>/dynamo/<function key>``
-if an earlier process saved one there, so the saved entries run without
+given no ``package=`` gets a compile package of its own
+(:meth:`PrecompileContext.new_caching_package`). When the compiled callable
+wraps its function, the package is bound to it and read back from the Dynamo
+cache if an earlier process saved one there, so the saved entries run without
 compiling. ``torch.compiler.save_cache_artifacts()`` writes every such package
-that holds entries (:meth:`PrecompileContext.save_to_dynamo_cache`).
-
-Provides :class:`PrecompileContext` and :func:`dynamo_cache_path`.
+that holds entries.
 
 # NOTE: [Dynamo cache key]
-# A function's packages live under <inductor cache dir>/dynamo/<key>, the key
-# being the sha256 of its module, qualified name and first line (an nn.Module:
-# its class's forward). Whatever else could change (the code, torch, the
-# machine) is checked by the package's own manifest and guards at load: a
-# package that no longer fits is reported and ignored, and the function compiles.
+# A function's package lives under <inductor cache dir>/dynamo/<key>, the key
+# (torch._dynamo.package.source_id_from_fn) being the sha256 of its module,
+# qualified name and first line (an nn.Module: its class's forward). Whatever
+# else could change (the code, torch, the machine) is checked by the package's
+# own manifest and guards at load: a package that no longer fits is reported
+# and ignored, and the function compiles.
 """
 
 from __future__ import annotations
 
-import hashlib
+import copy
+import dataclasses
+import json
 import logging
 import os
-from typing import Any, Optional
+from collections import defaultdict
+from typing import Any, Callable, Generic, Optional, TypeVar
 
-import torch
 from torch._dynamo.exc import PackageError
 
-from .package import CompilePackage
+from .package import (
+    _DynamoCacheEntry,
+    CompilePackage,
+    DynamoCache,
+    PrecompileCacheEntry,
+    source_id_from_fn,
+)
 
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 
-def _function_of(fn: Any) -> Optional[Any]:
-    """The Python function whose frames a compile of ``fn`` records."""
-    if isinstance(fn, torch.nn.Module):
-        fn = type(fn).forward
-    owner = getattr(fn, "__self__", None)
-    if isinstance(owner, torch.nn.Module):
-        # OptimizedModule wraps the module's __call__; its frames are forward's.
-        fn = type(owner).forward
-    fn = getattr(fn, "__func__", fn)
-    return fn if hasattr(fn, "__code__") else None
+
+@dataclasses.dataclass
+class BackendCacheArtifact(Generic[T]):
+    """One backend's saved graph: a key (its backend id) and its content."""
+
+    key: str
+    content: Any
+
+    def after_deserialization(self) -> T:
+        """The content as its backend uses it, after it was read back."""
+        raise NotImplementedError
+
+    def edit_contents(self, edit_fn: Callable[..., Any]) -> None:
+        self.content = edit_fn(self.content)
+
+    def package_bytes(self) -> bytes:
+        """The graph file a compile package holds for this backend."""
+        raise PackageError(
+            f"backend artifact {self.key} ({type(self).__name__}) has no form a compile package can hold"
+        )
+
+
+class EagerCacheArtifact(BackendCacheArtifact[Any]):
+    """A live eager graph (upstream records these for eager backends; a
+    package save replaces it by the graph's :class:`PackageGraphArtifact`)."""
+
+    def after_deserialization(self) -> Any:
+        return self.content
+
+
+class PackageGraphArtifact(BackendCacheArtifact[Any]):
+    """A graph as a compile package holds it: the bytes of ``graphs/<id>.bin``
+    (any backend: eager, aot_eager, Inductor with its kernels' sources)."""
+
+    def after_deserialization(self) -> Any:
+        from torch._dynamo.package_artifacts import _KernelRedirect, deserialize_graph
+
+        return deserialize_graph(self.content, _KernelRedirect({}), self.key)
+
+    def package_bytes(self) -> bytes:
+        if not isinstance(self.content, bytes):
+            raise PackageError(f"backend artifact {self.key}: its content is a {type(self.content).__name__}, not bytes")
+        return self.content
+
+
+class BypassDynamoCacheEntry(Exception):
+    """Raised by a backend that cannot save what it compiled: the Dynamo cache
+    entry being recorded is left out."""
 
 
 def dynamo_cache_path(fn: Any) -> Optional[str]:
-    """Where the automatic package of ``fn`` is kept (see NOTE: [Dynamo cache key])."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    function = _function_of(fn)
-    if function is None:
+    """Where the Dynamo cache keeps ``fn``'s package (NOTE: [Dynamo cache key])."""
+    try:
+        key = source_id_from_fn(fn)
+    except PackageError:
         return None
-    key = hashlib.sha256(
-        "\0".join(
-            [
-                str(function.__module__),
-                function.__qualname__,
-                str(function.__code__.co_firstlineno),
-            ]
-        ).encode()
-    ).hexdigest()
-    return os.path.join(cache_dir(), "dynamo", key)
+    return os.path.join(DynamoCache.path_prefix(), key)
 
 
 class PrecompileContext:
-    """The compile packages ``caching_precompile`` created in this process."""
+    """Dynamo cache entries and backend artifacts recorded in this process."""
 
+    _backend_artifacts_by_key: dict[str, BackendCacheArtifact[Any]] = {}
+    _dynamo_cache_entries: dict[str, _DynamoCacheEntry] = {}
     # NOTE: [Caching packages outlive their compiled callables]
     # save_cache_artifacts() writes what was compiled in this process even when
     # the torch.compile()'d callable that compiled it is gone (upstream records
-    # each compile's cache entry as it happens), so the packages are held
-    # strongly, in creation order, until the process saves or exits.
+    # each compile's cache entry as it happens), so caching packages are held
+    # strongly, in creation order, until the process saves or clear() is called.
     _packages: list[CompilePackage] = []
 
     @classmethod
+    def clear(cls) -> None:
+        cls._backend_artifacts_by_key.clear()
+        cls._dynamo_cache_entries.clear()
+        cls._packages.clear()
+
+    @classmethod
+    def record_artifact(cls, artifact: BackendCacheArtifact[Any]) -> None:
+        """Record a backend artifact (a copy) under its key."""
+        from torch.utils._mode_utils import no_dispatch
+
+        with no_dispatch():
+            cls._backend_artifacts_by_key[artifact.key] = copy.deepcopy(artifact)
+
+    @classmethod
+    def record_dynamo_cache_entry(cls, cache_entry: _DynamoCacheEntry, key: str) -> None:
+        cls._dynamo_cache_entries[key] = cache_entry
+
+    @classmethod
+    def edit_artifact(cls, key: str, edit_fn: Callable[..., Any]) -> None:
+        if key not in cls._backend_artifacts_by_key:
+            raise AssertionError(f"Key {key} not found in artifacts")
+        cls._backend_artifacts_by_key[key].edit_contents(edit_fn)
+
+    @classmethod
+    def serialize_artifact_by_key(cls, key: str) -> Optional[BackendCacheArtifact[Any]]:
+        return cls._backend_artifacts_by_key.get(key)
+
+    @staticmethod
+    def dump_debug_info(
+        dynamo_entries: dict[str, _DynamoCacheEntry],
+        backend_artifacts: dict[str, BackendCacheArtifact[Any]],
+    ) -> dict[str, Any]:
+        debug_info: defaultdict[str, list[Any]] = defaultdict(list)
+        for key, cache_entry in dynamo_entries.items():
+            info = cache_entry.debug_info()
+            info["key"] = key
+            debug_info["dynamo"].append(info)
+        for artifact in backend_artifacts.values():
+            debug_info["backends"].append(artifact.key)
+        return debug_info
+
+    @classmethod
     def new_caching_package(cls) -> CompilePackage:
-        """A package for a ``torch.compile()`` given none; bound to its function by
-        :meth:`bind` once the function is known."""
+        """A package for a ``torch.compile()`` given none; bound to its function
+        by :meth:`bind` once the function is known."""
         package = CompilePackage(None)
         package.caching_precompile = True  # type: ignore[attr-defined]
         cls._packages.append(package)
@@ -86,7 +175,7 @@ class PrecompileContext:
 
     @classmethod
     def bind(cls, package: CompilePackage, fn: Any) -> None:
-        """Give ``package`` its function and load what the dynamo cache holds for it."""
+        """Give ``package`` its function and load what the Dynamo cache holds for it."""
         from torch._dynamo.utils import counters
 
         if package.path is not None:
@@ -110,10 +199,41 @@ class PrecompileContext:
         log.info("loaded %d precompiled entries for %s from %s", len(loaded), fn, path)
 
     @classmethod
-    def save_to_dynamo_cache(cls) -> list[str]:
-        """Write every bound package that holds entries; the paths written."""
-        written = []
-        for package in list(cls._packages):
-            if package.path is not None and package.entries:
-                written.append(package.save(package.path))
-        return written
+    def _record_caching_packages(cls) -> None:
+        for package in cls._packages:
+            if package.path is not None and (package.entries or package.skipped):
+                try:
+                    cls.record_dynamo_cache_entry(package.cache_entry(), key=package.source_id)
+                except BypassDynamoCacheEntry as e:
+                    log.warning("precompile cache entry of %s bypassed: %s", package.path, e)
+
+    @classmethod
+    def create_cache_entries(cls) -> tuple[dict[str, PrecompileCacheEntry], dict[str, Any]]:
+        """Every recorded Dynamo cache entry with its backends, and debug info."""
+        cls._record_caching_packages()
+        debug_info = cls.dump_debug_info(cls._dynamo_cache_entries, cls._backend_artifacts_by_key)
+        log.debug("dynamo cache entries: %s", json.dumps({"num_entries": len(cls._dynamo_cache_entries)}))
+        entries = {}
+        for key, cache_entry in cls._dynamo_cache_entries.items():
+            entry = PrecompileCacheEntry.from_cache_entry(cache_entry, cls._backend_artifacts_by_key)
+            if entry is not None:
+                entries[key] = entry
+        return entries, debug_info
+
+    @classmethod
+    def save_to_dynamo_cache(cls) -> dict[str, Any]:
+        """Write every recorded entry to the Dynamo cache; the debug info."""
+        entries, debug_info = cls.create_cache_entries()
+        for key, entry in entries.items():
+            DynamoCache.write(entry, key)
+        return debug_info
+
+
+__all__ = [
+    "BackendCacheArtifact",
+    "BypassDynamoCacheEntry",
+    "EagerCacheArtifact",
+    "PackageGraphArtifact",
+    "PrecompileContext",
+    "dynamo_cache_path",
+]
