@@ -1,0 +1,218 @@
+# Owner(s): ["module: dynamo"]
+"""Upstream's package API on the backport: DynamoStore, DynamoCache, PrecompileContext.
+
+Code written for upstream saves with a store (``DiskDynamoStore().save_package``,
+``DynamoCache.save``, ``PrecompileContext.save_to_dynamo_cache``) and loads with
+``load_package`` + ``CompilePackage.install``. Each save here runs in one
+interpreter and each load in a FRESH one with an empty inductor cache, under
+``set_stance("fail_on_recompile")``; damaged artifacts and changed sources are
+refused with typed errors.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import torch
+import torch._dynamo.test_case
+from torch._dynamo.exc import PackageError
+from torch._dynamo.package import (
+    CompilePackage,
+    DiskDynamoStore,
+    InMemoryDynamoStore,
+    SystemInfo,
+)
+from torch._dynamo.precompile_context import PackageGraphArtifact, PrecompileContext
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+)
+
+
+# A module of its own, so that a fresh process finds the compiled functions by name.
+CASE = '''
+import torch
+
+def add_one(x):
+    return helper(x) + 1
+
+def helper(x):
+    return x.sin() * 2
+
+def cos_plus(x):
+    return x.cos() + x
+'''
+
+RUNNER = r'''
+import json, os, sys
+import torch
+sys.path.insert(0, os.path.dirname(sys.argv[3]))
+import store_case as case
+from torch._dynamo.package import CompilePackage, DiskDynamoStore, DynamoCache
+from torch._dynamo.precompile_context import PrecompileContext
+
+mode, backend, case_path = sys.argv[1:4]
+prefix = os.path.dirname(case_path)
+x = torch.arange(6.0).reshape(3, 2)
+report = {}
+if mode == "save-store":
+    package = CompilePackage(case.add_one)
+    compiled = torch._dynamo.optimize(backend, package=package)(case.add_one)
+    report["out"] = compiled(x).tolist()
+    DiskDynamoStore(prefix).save_package(package, "add_one")
+elif mode == "load-store":
+    package, backends = DiskDynamoStore(prefix).load_package(case.add_one, "add_one")
+    compiled = torch._dynamo.optimize(package=package)(case.add_one)
+    package.install(backends)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        report["out"] = compiled(x).tolist()
+elif mode == "save-cache":
+    compiled = [torch.compile(f, backend=backend) for f in (case.add_one, case.cos_plus)]
+    report["out"] = [c(x).tolist() for c in compiled]
+    debug = PrecompileContext.save_to_dynamo_cache()
+    report["dynamo"] = len(debug["dynamo"])
+    report["backends"] = len(debug["backends"])
+else:
+    compiled = [torch.compile(f, backend=backend) for f in (case.add_one, case.cos_plus)]
+    frames = torch._dynamo.convert_frame.FRAME_COUNTER
+    with torch.compiler.set_stance("fail_on_recompile"):
+        report["out"] = [c(x).tolist() for c in compiled]
+    report["frames_compiled"] = torch._dynamo.convert_frame.FRAME_COUNTER - frames
+print("REPORT " + json.dumps(report))
+'''
+
+
+def _fn(x):
+    return x * 3 + 1
+
+
+class TestPackageStores(torch._dynamo.test_case.TestCase):
+    def setUp(self):
+        super().setUp()
+        PrecompileContext.clear()
+        self.tmp = Path(tempfile.mkdtemp(prefix="package-stores-"))
+        (self.tmp / "store_case.py").write_text(CASE)
+        (self.tmp / "runner.py").write_text(RUNNER)
+
+    def tearDown(self):
+        PrecompileContext.clear()
+        super().tearDown()
+
+    def _run(self, mode, backend, cache_dir, **extra_env):
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir), **extra_env)
+        proc = subprocess.run(
+            [sys.executable, str(self.tmp / "runner.py"), mode, backend, str(self.tmp / "store_case.py")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        line = next(line for line in proc.stdout.splitlines() if line.startswith("REPORT "))
+        return json.loads(line[len("REPORT ") :])
+
+    @parametrize("backend", ["eager", "inductor"])
+    def test_disk_store_fresh_process(self, backend):
+        # both processes' stores have the case file's folder as their prefix
+        saved = self._run("save-store", backend, self.tmp / "cache-save")
+        self.assertTrue((self.tmp / "add_one" / "manifest.json").is_file())
+        loaded = self._run("load-store", backend, self.tmp / "cache-load")
+        self.assertEqual(saved["out"], loaded["out"])
+
+    def test_dynamo_cache_fresh_process(self):
+        cache = self.tmp / "inductor-cache"
+        saved = self._run("save-cache", "eager", cache, TORCH_CACHING_PRECOMPILE="1")
+        # one Dynamo entry per compiled function, one backend per graph
+        self.assertEqual((saved["dynamo"], saved["backends"]), (2, 2))
+        loaded = self._run("load-cache", "eager", cache, TORCH_CACHING_PRECOMPILE="1")
+        self.assertEqual(saved["out"], loaded["out"])
+        self.assertEqual(loaded["frames_compiled"], 0)
+
+    def test_in_memory_store_round_trip(self):
+        store = InMemoryDynamoStore()
+        package = CompilePackage(_fn)
+        compiled = torch._dynamo.optimize("eager", package=package)(_fn)
+        x = torch.randn(4)
+        expected = compiled(x)
+        store.save_package(package, "k")
+        self.assertEqual(sorted(store.packages), ["k"])
+        torch._dynamo.reset()
+        loaded, backends = store.load_package(_fn, "k")
+        self.assertEqual(set(backends), set(package.cached_backends))
+        compiled = torch._dynamo.optimize(package=loaded)(_fn)
+        loaded.install(backends)
+        with torch.compiler.set_stance("fail_on_recompile"):
+            self.assertEqual(compiled(x), expected)
+        loaded.uninstall()
+        torch._dynamo.reset()
+        with torch.compiler.set_stance("fail_on_recompile"):
+            with self.assertRaisesRegex(RuntimeError, "Detected recompile"):
+                compiled(x)
+        with self.assertRaisesRegex(RuntimeError, "No package found with key nope"):
+            store.read("nope")
+
+    def test_damaged_backend_artifact_is_refused(self):
+        store = InMemoryDynamoStore()
+        package = CompilePackage(_fn)
+        torch._dynamo.optimize("eager", package=package)(_fn)(torch.randn(2))
+        store.save_package(package, "k")
+        entry = store.read("k")
+        (backend_id,) = entry.backends
+        self.assertIsInstance(entry.backends[backend_id], PackageGraphArtifact)
+        entry.backends[backend_id].edit_contents(lambda data: data[: len(data) // 2])
+        torch._dynamo.reset()
+        loaded, backends = store.load_package(_fn, "k")
+        with self.assertRaises(PackageError):
+            loaded.install(backends)
+
+    def test_missing_backend_is_refused_at_save(self):
+        package = CompilePackage(_fn)
+        torch._dynamo.optimize("eager", package=package)(_fn)(torch.randn(2))
+        entry = package.cache_entry()
+        PrecompileContext.clear()
+        with self.assertRaisesRegex(RuntimeError, "is not found in the given backends"):
+            DiskDynamoStore(str(self.tmp)).save_cache_entry(entry, "k")
+
+    def test_changed_inlined_source_is_refused(self):
+        module_path = self.tmp / "changing_module.py"
+        module_path.write_text("def helper(x):\n    return x + 1\n")
+        sys.path.insert(0, str(self.tmp))
+        self.addCleanup(sys.path.remove, str(self.tmp))
+        self.addCleanup(sys.modules.pop, "changing_module", None)
+        import changing_module
+
+        def fn(x):
+            return changing_module.helper(x) * 2
+
+        package = CompilePackage(fn)
+        torch._dynamo.optimize("eager", package=package)(fn)(torch.randn(2))
+        store = DiskDynamoStore(str(self.tmp / "store"))
+        store.save_package(package, "fn")
+        module_path.write_text("def helper(x):\n    return x - 1\n")
+        with self.assertRaisesRegex(RuntimeError, r"Source code changes detected for changing_module \(line 1 - line 2\)"):
+            store.load_package(fn, "fn")
+        module_path.write_text("def helper(x):\n    return x + 1\n")
+        store.load_package(fn, "fn")
+
+    def test_system_info_checks(self):
+        current = SystemInfo.current()
+        current.check_compatibility(SystemInfo.current())
+        other = SystemInfo("2.0.0", current.torch_version, None, None)
+        with self.assertRaisesRegex(RuntimeError, "created with a different Python version: 2.0.0"):
+            other.check_compatibility(current)
+        other = SystemInfo(current.python_version, "1.0", None, None)
+        with self.assertRaisesRegex(RuntimeError, "created with a different PyTorch version: 1.0"):
+            other.check_compatibility(current)
+
+
+instantiate_parametrized_tests(TestPackageStores)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.test_case import run_tests
+
+    run_tests()
