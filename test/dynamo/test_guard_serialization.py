@@ -1921,6 +1921,116 @@ class TestCodecDispatch(GuardSerializationTestCase):
                 self.assertEqual(planned, every, type(obj).__qualname__)
 
 
+# Classes whose own __new__ must never run at load (NOTE: [Instances of classes
+# with a custom __new__]): each counts its calls.
+class CountsNew:
+    made = 0
+
+    def __new__(cls, *args, **kwargs):
+        CountsNew.made += 1
+        return super().__new__(cls)
+
+    def __init__(self, a=1):
+        self.a = a
+
+
+class CountsNewOutput(collections.OrderedDict):
+    """Shaped like a Hugging Face ModelOutput: an OrderedDict subclass whose
+    fields are items and attributes."""
+
+    made = 0
+
+    def __new__(cls, *args, **kwargs):
+        CountsNewOutput.made += 1
+        return super().__new__(cls)
+
+    def __init__(self, hidden):
+        super().__init__(hidden=hidden)
+        self.hidden = hidden
+
+
+class NoGradRotary(torch.nn.Module):
+    """Llama's rotary embedding: forward decorated with @torch.no_grad()."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", torch.ones(2))
+
+    @torch.no_grad()
+    def forward(self, x):
+        return x * self.inv_freq
+
+
+def calls_rotary(m, x):
+    return m(x) + 1
+
+
+def scale_by(k, x):
+    return x * k
+
+
+class TestGuardsOnLibraryObjects(GuardSerializationTestCase):
+    def test_type_match_on_class_with_custom_new(self):
+        def fn(x, o):
+            return x * o.a
+
+        CountsNew.made = 0
+        built, loaded = self.roundtrip(fn, (torch.ones(2), CountsNew(3)), "TYPE_MATCH")
+        self.assertEqual(CountsNew.made, 1)  # the loaded guards made none
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "o": CountsNew(3)}],
+            rejected=[{"x": torch.ones(2), "o": Foo(3)}, {"x": torch.ones(2), "o": 1}],
+        )
+
+    def test_type_match_on_ordered_dict_subclass_with_custom_new(self):
+        def fn(out):
+            return out.hidden + 1
+
+        CountsNewOutput.made = 0
+        built, loaded = self.roundtrip(fn, (CountsNewOutput(torch.ones(2)),), "TYPE_MATCH")
+        self.assertEqual(CountsNewOutput.made, 1)
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"out": CountsNewOutput(torch.ones(2))}],
+            rejected=[{"out": collections.OrderedDict(hidden=torch.ones(2))}, {"out": Foo()}],
+        )
+
+    def test_no_grad_decorator_reached_through_the_model(self):
+        # The guards read the torch.no_grad instance in forward's closure by
+        # identity and by type: reached from the module-level class at load.
+        built, loaded = self.roundtrip(calls_rotary, (NoGradRotary(), torch.ones(2)), None)
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"m": NoGradRotary(), "x": torch.ones(2)}],
+            rejected=[{"m": torch.nn.Linear(2, 2), "x": torch.ones(2)}],
+        )
+
+    def test_functools_partial_of_module_level_function(self):
+        def fn(x, p):
+            return p(x)
+
+        built, loaded = self.roundtrip(fn, (torch.ones(2), functools.partial(scale_by, 2)), None)
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "p": functools.partial(scale_by, 2)}],
+            rejected=[{"x": torch.ones(2), "p": functools.partial(scale_by, 3)}],
+        )
+
+    def test_bound_method_passed_as_input_is_refused_naming_why(self):
+        # Dynamo guards a bound method input by identity: a new method object at
+        # every attribute access, so no other process can reach it again.
+        def fn(x, f):
+            return f(x)
+
+        with self.assertRaisesRegex(PackageError, "^FUNCTION_MATCH guard cannot be serialized") as ctx:
+            self.roundtrip(fn, (torch.ones(2), NoGradRotary().forward), None)
+        self.assertIn("no stable name in another process", str(ctx.exception))
+
 if __name__ == "__main__":
     from torch._dynamo.test_case import run_tests
 

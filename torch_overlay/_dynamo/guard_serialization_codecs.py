@@ -27,6 +27,7 @@ from torch._dynamo.exc import PackageError
 from torch._dynamo.guard_serialization import (
     _CONSTANT_TYPES,
     _FSDPClassRef,
+    _HEAPTYPE,
     _is_constant,
     _is_local_class,
     _NamedRef,
@@ -1478,11 +1479,46 @@ class _ObjectStandIn:
     cls: Any  # _NamedRef or _LocalClassStandIn
     state: dict
     slots: Optional[dict] = None
+    # The items of an instance of a dict subclass (a Hugging Face ModelOutput).
+    items: Optional[dict] = None
 
 
-# Classes whose own __new__ makes an empty instance without side effects.
-_SAFE_NEW_TYPES = (types.SimpleNamespace,)
-_SAFE_NEWS = tuple(t.__new__ for t in _SAFE_NEW_TYPES)
+# NOTE: [Instances of classes with a custom __new__]
+# A guarded instance is rebuilt at load so that the builder reads from it what
+# it read at save: its class (TYPE_MATCH compares only ``type(value)``), the
+# attributes and items other guards read. Its class's own ``__new__`` (and
+# ``__init__``) never run: torch.no_grad's ``__new__`` decides between a context
+# manager and a decorated function from its arguments, a user's may count
+# instances or open files. The instance is allocated by the ``__new__`` of the
+# class's nearest built-in base, which makes an empty object with no side
+# effects, when that base is one of _SAFE_BASE_TYPES (object for an ordinary
+# class, dict/OrderedDict for a ModelOutput, ...); a class over any other
+# built-in base (a C extension type whose allocation may do anything) is
+# refused, naming the base. The class's ``__new__`` being custom no longer
+# matters: the class is found by name, and only attributes some guard reads
+# hold their values (the others are placeholders, never rebuilt objects).
+_SAFE_BASE_TYPES = (
+    object,
+    dict,
+    collections.OrderedDict,
+    list,
+    set,
+    types.SimpleNamespace,
+)
+
+
+def _safe_base(cls: type) -> Optional[type]:
+    """The nearest built-in base of ``cls`` when its ``__new__`` makes an
+    instance of ``cls`` without side effects (NOTE: [Instances of classes with a
+    custom __new__]), else None."""
+    for klass in cls.__mro__:
+        if not klass.__flags__ & _HEAPTYPE:
+            return klass if klass in _SAFE_BASE_TYPES else None
+    return None
+
+
+def _nearest_builtin_base(cls: type) -> type:
+    return next(k for k in cls.__mro__ if not k.__flags__ & _HEAPTYPE)
 
 
 def _slot_names(cls: type) -> list[str]:
@@ -1518,18 +1554,15 @@ class _ObjectCodec(StandInCodec):
                 f"it is an instance of {cls.__qualname__}, a class with no stable "
                 "name in another process; define the class at module scope",
             )
-        # FSDPModule.__new__ only redirects construction to the original class:
-        # the stand-in is made with object.__new__, as for a plain module (NOTE:
-        # [FSDP2 module classes]).
-        if (
-            cls.__new__ is not object.__new__
-            and cls.__new__ not in _SAFE_NEWS
-            and not isinstance(cls_ref, _FSDPClassRef)
-        ):
+        # Allocated at load by a built-in base's __new__, the class's own never
+        # run (NOTE: [Instances of classes with a custom __new__]; FSDPModule's
+        # only redirects construction: NOTE: [FSDP2 module classes]).
+        if _safe_base(cls) is None:
             raise converter.refusal(
                 path,
-                f"it is an instance of {cls.__qualname__}, whose custom __new__ "
-                "cannot be replayed safely at load",
+                f"it is an instance of {cls.__qualname__}, which derives from the "
+                f"built-in {_nearest_builtin_base(cls).__qualname__}: an instance "
+                "cannot be made at load without running its constructor",
             )
         stand_in = _ObjectStandIn(cls_ref, {})
         converter.memo[id(obj)] = stand_in
@@ -1544,6 +1577,11 @@ class _ObjectCodec(StandInCodec):
                 for name in slot_names
                 if hasattr(obj, name)
             }
+        if isinstance(obj, dict) and obj:
+            stand_in.items = {
+                converter.key(k, path): converter.child(v, f"{path}[{k!r}]", True)
+                for k, v in dict.items(obj)
+            }
         return stand_in
 
     @staticmethod
@@ -1553,11 +1591,11 @@ class _ObjectCodec(StandInCodec):
             if isinstance(cls, UnresolvedName):
                 return cls
             return UnresolvedName(stand_in.cls.module, getattr(stand_in.cls, "path", ""))
-        new: Any = next(
-            (t.__new__ for t in cls.__mro__ if t in _SAFE_NEW_TYPES), object.__new__
-        )
+        base = _safe_base(cls)
+        if base is None:
+            return UnresolvedName(cls.__module__, cls.__qualname__)
         try:
-            inst = new(cls)
+            inst = base.__new__(cls)
         except TypeError:
             return UnresolvedName(cls.__module__, cls.__qualname__)
         hydrator.memo[id(stand_in)] = inst
@@ -1565,6 +1603,10 @@ class _ObjectCodec(StandInCodec):
             inst.__dict__.update({k: hydrator(v) for k, v in stand_in.state.items()})
         for name, value in (stand_in.slots or {}).items():
             object.__setattr__(inst, name, hydrator(value))
+        if stand_in.items and base in (dict, collections.OrderedDict):
+            # The base's own __setitem__ (a ModelOutput's also sets an attribute).
+            for k, v in stand_in.items.items():
+                base.__setitem__(inst, hydrator(k), hydrator(v))
         return inst
 
 
