@@ -28,7 +28,6 @@ import importlib
 import inspect
 import io
 import logging
-import marshal
 import os
 import pickle
 import shutil
@@ -62,7 +61,9 @@ from .package_artifacts import (
     check_frozen_parameters,
     check_manifest,
     deserialize_graph,
+    dump_code,
     folded_parameters,
+    load_code,
     overlay_series_hash,
     PACKAGE_FORMAT_VERSION,
     serialize_graph,
@@ -332,18 +333,6 @@ def _rename_globals(code: types.CodeType, renames: dict[str, str]) -> types.Code
     )
     names = tuple(renames.get(n, n) for n in code.co_names)
     return code.replace(co_names=names, co_consts=consts)
-
-
-def _unmarshallable_consts(code: types.CodeType) -> str:
-    """The types of ``code``'s constants (nested codes' too) marshal refuses."""
-    names = set()
-    for c in (code, *_nested_codes(code)):
-        for const in c.co_consts:
-            try:
-                marshal.dumps(const)
-            except ValueError:
-                names.add(type(const).__qualname__)
-    return ", ".join(sorted(names)) or "unknown"
 
 
 def _nested_codes(code: types.CodeType):
@@ -742,13 +731,8 @@ def _check_package_contents(entries: list[_Entry], files: dict[str, bytes], path
 
 
 def _unmarshal_code(data: bytes, what: str) -> types.CodeType:
-    try:
-        code = marshal.loads(data)
-    except Exception as e:
-        raise PackageError(f"{what}: its bytecode is damaged: {e!r}"[:400]) from e
-    if not isinstance(code, types.CodeType):
-        raise PackageError(f"{what}: its bytecode is a {type(code).__name__}, not a code object")
-    return code
+    # NOTE: [Constants of compiled bytecode]
+    return load_code(data, what)
 
 
 # NOTE: [Bytecode of loaded entries]
@@ -1093,14 +1077,10 @@ class CompilePackage:
             self._exclude(code, str(e))
             return
         try:
-            saved_code = marshal.dumps(out_code)
-        except ValueError:
-            # NOTE: torch 2.6.0's Dynamo (a second supported base) can leave
-            # objects in the bytecode it generates that marshal cannot write.
-            consts = _unmarshallable_consts(out_code)
-            self._exclude(
-                code, f"its compiled bytecode holds constants marshal cannot save: {consts}"
-            )
+            # NOTE: [Constants of compiled bytecode]
+            saved_code = dump_code(out_code)
+        except PackageError as e:
+            self._exclude(code, str(e))
             return
         self.entries.append(
             _Entry(
@@ -1189,7 +1169,7 @@ class CompilePackage:
                 self._graph_records[artifact] = record
                 refs[name] = ("graph", artifact)
             elif name.startswith("__resume_at_") and isinstance(value, types.FunctionType):
-                refs[name] = ("resume", value.__code__.co_name, marshal.dumps(value.__code__))
+                refs[name] = ("resume", value.__code__.co_name, dump_code(value.__code__))
             elif isinstance(value, types.ModuleType):
                 refs[name] = ("module", value.__name__)
             else:
@@ -1319,8 +1299,8 @@ class CompilePackage:
             for entry in kept:
                 for ref in entry.globals.values():
                     if ref[0] == "resume":
-                        carried.add(_code_fingerprint(marshal.loads(ref[2])))
-                nested_codes = _nested_codes(marshal.loads(entry.out_code)) if entry.out_code else ()
+                        carried.add(_code_fingerprint(load_code(ref[2], "a resume function")))
+                nested_codes = _nested_codes(load_code(entry.out_code, "an entry")) if entry.out_code else ()
                 for nested in nested_codes:
                     if _is_resume_code(nested):
                         carried.add(_code_fingerprint(nested))

@@ -42,8 +42,10 @@ import contextlib
 import dataclasses
 import hashlib
 import io
+import enum
 import json
 import logging
+import marshal
 import os
 import pickle
 import platform
@@ -51,6 +53,7 @@ import re
 import shutil
 import sys
 import tempfile
+import types
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -67,6 +70,266 @@ log = logging.getLogger(__name__)
 PACKAGE_FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 _DYNAMO_FILE = "dynamo.bin"
+
+
+# ---------------------------------------------------------------------------
+# Bytecode with constants marshal cannot write
+# ---------------------------------------------------------------------------
+
+# NOTE: [Constants of compiled bytecode]
+# Dynamo writes into the bytecode it generates, with LOAD_CONST, every value it
+# deems a safe constant (utils.is_safe_constant in 2.7.1): marshal's own types,
+# plus torch.Size, torch.device, torch.dtype, torch.layout, torch.memory_format,
+# torch.finfo/iinfo, enum members (torch.nn.attention.SDPBackend...), classes,
+# slices, NotImplemented, and tuples/frozensets of any of these. Found by
+# tracing the serving models (GPT-2 and Llama with a DynamicCache, greedy
+# decode, dynamic=True, aot_eager; prompt, decode steps, a legacy-tuple cache):
+#   torch.Size([1, 1]), device(type='cpu')  GPT-2's GPT2Model.forward, compiled
+#       on its own after a graph break (a shape and a device Dynamo rebuilds
+#       after the graph: the outputs' view and new_ones calls);
+#   the context-manager target values of resume functions (grad mode bools,
+#       autocast device types and dtypes) and the index constants of sources
+#       (ints, slices) come from the same codegen paths.
+# marshal writes none of the torch types. Such a code object is saved as
+# _CODE_WITH_CONSTANTS followed by marshal of (code, table): in the code each such
+# constant is None, and the table says where each goes (a path of indices
+# through co_consts, nested code objects included) and what it is, as builtin
+# values tagged with one of _CONSTANT_KINDS. Loading rebuilds a constant only
+# from that allow-list, each from plain data (a torch.Size from ints, a dtype
+# looked up by name in torch's namespace and checked to be a dtype, an enum
+# member or class looked up in the namespace of a module already imported,
+# with no attribute hooks run); anything else is a PackageError. The bytes of a
+# code object whose constants marshal writes are unchanged: marshal's own.
+# Kinds Dynamo may also write but that have no meaning in another process
+# (typing aliases, CUDA device properties) are refused at save, naming the type.
+_CODE_WITH_CONSTANTS = b"\0torch-package-code-constants-1\0"
+_MAX_CONSTANT_DEPTH = 16
+
+
+def _is_marshallable(value) -> bool:
+    try:
+        marshal.dumps(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _named_class_path(cls: type) -> Optional[tuple[str, str]]:
+    """(module, qualname) that finds ``cls`` again by namespace lookups only."""
+    module, qualname = getattr(cls, "__module__", None), getattr(cls, "__qualname__", None)
+    if not (isinstance(module, str) and isinstance(qualname, str)) or "<" in qualname:
+        return None
+    return (module, qualname) if _namespace_lookup(module, qualname) is cls else None
+
+
+def _namespace_lookup(module: str, qualname: str):
+    """``module.qualname`` by dict lookups in an imported module's namespace and
+    its classes' ``__dict__`` (never importing, never running ``__getattr__``)."""
+    obj: Any = sys.modules.get(module)
+    if obj is None:
+        return None
+    for part in qualname.split("."):
+        namespace = vars(obj) if isinstance(obj, (types.ModuleType, type)) else None
+        if namespace is None or part not in namespace:
+            return None
+        obj = namespace[part]
+    return obj
+
+
+def _encode_constant(value, depth: int = 0) -> tuple:
+    """``value`` as builtin data tagged with its kind (NOTE: [Constants of
+    compiled bytecode]); a PackageError names a type that cannot be saved."""
+    if depth > _MAX_CONSTANT_DEPTH:
+        raise PackageError("a constant of its bytecode nests too deeply")
+    cls = type(value)
+    if cls is torch.Size:
+        return ("size", tuple(int(v) for v in value))
+    if cls is torch.device:
+        return ("device", value.type, value.index)
+    if cls in (torch.dtype, torch.layout, torch.memory_format):
+        name = str(value).rpartition(".")[2]
+        if vars(torch).get(name) is not value:
+            raise PackageError(f"its bytecode holds {value!r}, which is not torch.{name}")
+        return (cls.__name__, name)
+    if cls in (torch.finfo, torch.iinfo):
+        return (cls.__name__, str(value.dtype).rpartition(".")[2])
+    if cls in (tuple, frozenset):
+        items = tuple(_encode_constant(v, depth + 1) for v in value)
+        return (cls.__name__, items)
+    if cls is slice:
+        return ("slice", tuple(_encode_constant(v, depth + 1) for v in (value.start, value.stop, value.step)))
+    if value is NotImplemented:
+        return ("NotImplemented",)
+    if isinstance(value, enum.Enum):
+        where = _named_class_path(cls)
+        if where is not None and cls.__members__.get(value.name) is value:
+            return ("enum", *where, value.name)
+        raise PackageError(f"its bytecode holds {value!r}, a member of an enum with no stable name")
+    if isinstance(value, type):
+        where = _named_class_path(value)
+        if where is not None:
+            return ("class", *where)
+        raise PackageError(f"its bytecode holds the class {value.__qualname__}, which has no stable name")
+    if _is_marshallable(value):
+        return ("const", value)
+    raise PackageError(
+        f"its bytecode holds a constant of type {cls.__module__}.{cls.__qualname__}, which "
+        "a package cannot save"
+    )
+
+
+def _decode_constant(data, depth: int = 0):
+    """The constant ``data`` encodes, rebuilt only from _CONSTANT_KINDS."""
+    if depth > _MAX_CONSTANT_DEPTH:
+        raise PackageError("a constant nests too deeply")
+    if not (isinstance(data, tuple) and data and isinstance(data[0], str)):
+        raise PackageError(f"a constant is malformed: {str(data)[:80]}")
+    kind, fields = data[0], data[1:]
+    shape = _CONSTANT_KINDS.get(kind)
+    if shape is None or len(fields) != len(shape) or not all(
+        isinstance(f, t) for f, t in zip(fields, shape)
+    ):
+        raise PackageError(f"a constant is malformed: {str(data)[:80]}")
+    if kind == "size":
+        if not all(type(v) is int for v in fields[0]):
+            raise PackageError("a torch.Size constant holds something other than ints")
+        return torch.Size(fields[0])
+    if kind == "device":
+        if fields[1] is not None and type(fields[1]) is not int:
+            raise PackageError("a torch.device constant has a malformed index")
+        try:
+            return torch.device(fields[0]) if fields[1] is None else torch.device(fields[0], fields[1])
+        except Exception as e:
+            raise PackageError(f"a torch.device constant is malformed: {e!r}"[:200]) from e
+    if kind in ("dtype", "layout", "memory_format", "finfo", "iinfo"):
+        wanted = torch.dtype if kind in ("finfo", "iinfo") else getattr(torch, kind)
+        value = vars(torch).get(fields[0])
+        if type(value) is not wanted:
+            raise PackageError(f"a {kind} constant names {fields[0][:40]!r}, which is not one")
+        if kind == "finfo":
+            return torch.finfo(value)
+        if kind == "iinfo":
+            return torch.iinfo(value)
+        return value
+    if kind in ("tuple", "frozenset"):
+        items = tuple(_decode_constant(v, depth + 1) for v in fields[0])
+        return items if kind == "tuple" else frozenset(items)
+    if kind == "slice":
+        if len(fields[0]) != 3:
+            raise PackageError("a slice constant is malformed")
+        return slice(*(_decode_constant(v, depth + 1) for v in fields[0]))
+    if kind == "NotImplemented":
+        return NotImplemented
+    if kind == "const":
+        if type(fields[0]) not in _MARSHAL_LEAF_TYPES:
+            raise PackageError(f"a constant is a {type(fields[0]).__name__}")
+        return fields[0]
+    found = _namespace_lookup(fields[0], fields[1])
+    if kind == "class":
+        if not isinstance(found, type):
+            raise PackageError(f"a class constant names {fields[0][:80]}.{fields[1][:80]}, not an imported class")
+        return found
+    # enum
+    member = found.__members__.get(fields[2]) if isinstance(found, enum.EnumMeta) else None
+    if member is None:
+        raise PackageError(f"an enum constant names {fields[0][:80]}.{fields[1][:80]}.{fields[2][:40]}, not a member")
+    return member
+
+
+# kind -> the types of its fields (checked before anything is rebuilt).
+_CONSTANT_KINDS: dict[str, tuple[type, ...]] = {
+    "size": (tuple,),
+    "device": (str, object),
+    "dtype": (str,),
+    "layout": (str,),
+    "memory_format": (str,),
+    "finfo": (str,),
+    "iinfo": (str,),
+    "tuple": (tuple,),
+    "frozenset": (tuple,),
+    "slice": (tuple,),
+    "NotImplemented": (),
+    "const": (object,),
+    "class": (str, str),
+    "enum": (str, str, str),
+}
+_MARSHAL_LEAF_TYPES = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis))
+
+
+def dump_code(code: types.CodeType) -> bytes:
+    """``code`` as bytes a package holds (NOTE: [Constants of compiled bytecode]);
+    a PackageError names a constant that cannot be saved."""
+    try:
+        return marshal.dumps(code)
+    except ValueError:
+        pass
+    table: list[tuple] = []
+
+    def strip(c: types.CodeType, path: tuple) -> types.CodeType:
+        consts = list(c.co_consts)
+        for i, const in enumerate(consts):
+            if isinstance(const, types.CodeType):
+                consts[i] = strip(const, (*path, i))
+            elif not _is_marshallable(const):
+                table.append(((*path, i), _encode_constant(const)))
+                consts[i] = None
+        return c.replace(co_consts=tuple(consts))
+
+    stripped = strip(code, ())
+    return _CODE_WITH_CONSTANTS + marshal.dumps((stripped, tuple(table)))
+
+
+def load_code(data: bytes, what: str) -> types.CodeType:
+    """The code object of ``dump_code``'s bytes; anything malformed (damaged
+    bytes, a constant outside the allow-list, a table that points nowhere) is a
+    PackageError, before any constant is used."""
+    with_constants = data.startswith(_CODE_WITH_CONSTANTS)
+    try:
+        loaded = marshal.loads(data[len(_CODE_WITH_CONSTANTS) :] if with_constants else data)
+    except Exception as e:
+        raise PackageError(f"{what}: its bytecode is damaged: {e!r}"[:400]) from e
+    if not with_constants:
+        if not isinstance(loaded, types.CodeType):
+            raise PackageError(f"{what}: its bytecode is a {type(loaded).__name__}, not a code object")
+        return loaded
+    if not (
+        isinstance(loaded, tuple)
+        and len(loaded) == 2
+        and isinstance(loaded[0], types.CodeType)
+        and isinstance(loaded[1], tuple)
+    ):
+        raise PackageError(f"{what}: its bytecode with constants is malformed")
+    code, table = loaded
+    placed: dict[tuple, Any] = {}
+    for item in table:
+        if not (
+            isinstance(item, tuple)
+            and len(item) == 2
+            and isinstance(item[0], tuple)
+            and 0 < len(item[0]) <= _MAX_CONSTANT_DEPTH
+            and all(type(i) is int and i >= 0 for i in item[0])
+        ) or item[0] in placed:
+            raise PackageError(f"{what}: a constant of its bytecode is malformed")
+        try:
+            placed[item[0]] = _decode_constant(item[1])
+        except PackageError as e:
+            raise PackageError(f"{what}: {e}") from e
+
+    def fill(c: types.CodeType, path: tuple) -> types.CodeType:
+        consts = list(c.co_consts)
+        for i, const in enumerate(consts):
+            if isinstance(const, types.CodeType):
+                consts[i] = fill(const, (*path, i))
+            elif (*path, i) in placed:
+                if const is not None:
+                    raise PackageError(f"{what}: a constant of its bytecode is placed over another")
+                consts[i] = placed.pop((*path, i))
+        return c.replace(co_consts=tuple(consts))
+
+    filled = fill(code, ())
+    if placed:
+        raise PackageError(f"{what}: a constant of its bytecode is placed where there is none")
+    return filled
 
 
 def _sha256(data: bytes) -> str:
@@ -386,6 +649,9 @@ def _kernel_binaries(graph_blob: bytes) -> dict[str, bytes]:
 def serialize_graph(record: _GraphRecord) -> tuple[bytes, dict[str, bytes]]:
     """The artifact of one graph and the kernel binaries it needs."""
     if record.backend in ("eager", "aot_eager"):
+        nodes = _fx_graph_as_data(record.gm)
+        if nodes is not None:
+            return pickle.dumps({"backend": record.backend, "graph": nodes}), {}
         return pickle.dumps({"backend": record.backend, "gm": record.gm}), {}
     if record.backend.startswith(_CUSTOM_BACKEND):
         return _serialize_custom_graph(record), {}
@@ -941,6 +1207,173 @@ class _PackagedAOTEagerGraph:
         return fn(*args)
 
 
+# NOTE: [FX graphs of eager and aot_eager packages]
+# A GraphModule pickles as its generated code, which unpickling traces again
+# with torch.fx's symbolic tracer. Dynamo's graphs with dynamic shapes do not
+# survive that: ``torch.arange(0, sym_size)`` gets a Proxy where it takes a
+# number, ``if`` on a size is control flow on a Proxy. So the graph of an eager
+# or aot_eager entry is saved as data: one tuple per node (op, name, target,
+# args, kwargs), where a node argument is its name, a constant is encoded as a
+# bytecode constant is (NOTE: [Constants of compiled bytecode]) and a function
+# target is (module, qualname), found again at load by namespace lookups only in
+# torch's, operator's, math's or builtins' namespace (never eval, exec, open,
+# getattr...); the tensors ``get_attr`` reads are saved with the graph. A graph
+# that holds anything else (submodules, other callables) is saved as before.
+_GRAPH_TARGET_MODULES = ("torch", "operator", "_operator", "math", "builtins")
+_UNSAFE_TARGETS = frozenset(
+    {"eval", "exec", "compile", "open", "__import__", "getattr", "setattr", "delattr",
+     "globals", "locals", "vars", "input", "breakpoint", "exit", "quit", "help", "load"}
+)
+
+
+class _NotGraphData(Exception):
+    pass
+
+
+def _target_module_allowed(module: str, qualname: str) -> bool:
+    return (
+        (module.split(".")[0] in _GRAPH_TARGET_MODULES)
+        and not set(qualname.split(".")) & _UNSAFE_TARGETS
+        and not module.startswith(("torch.serialization", "torch.hub", "torch.utils.cpp_extension"))
+    )
+
+
+def _graph_arg_as_data(value):
+    if isinstance(value, torch.fx.Node):
+        return ("node", value.name)
+    if isinstance(value, (list, torch.fx.immutable_collections.immutable_list)):
+        return ("list", tuple(_graph_arg_as_data(v) for v in value))
+    if type(value) is tuple:
+        return ("tuple", tuple(_graph_arg_as_data(v) for v in value))
+    if type(value) is slice:
+        return ("slice", tuple(_graph_arg_as_data(v) for v in (value.start, value.stop, value.step)))
+    if isinstance(value, (dict, torch.fx.immutable_collections.immutable_dict)):
+        return ("dict", tuple((_graph_arg_as_data(k), _graph_arg_as_data(v)) for k, v in value.items()))
+    try:
+        return ("const", _encode_constant(value))
+    except PackageError as e:
+        raise _NotGraphData(str(e)) from e
+
+
+def _fx_graph_as_data(gm) -> Optional[dict]:
+    """``gm``'s graph as builtin data and tensors (NOTE: [FX graphs of eager and
+    aot_eager packages]), or None when it holds something else."""
+    if not isinstance(gm, torch.fx.GraphModule) or type(gm.graph._codegen) is not torch.fx.graph.CodeGen:
+        return None
+    nodes = []
+    attrs = {}
+    try:
+        for node in gm.graph.nodes:
+            target = node.target
+            if node.op == "call_function":
+                where = _named_class_path(target) if isinstance(target, type) else None
+                if where is None:
+                    module = getattr(target, "__module__", None)
+                    names = (getattr(target, "__qualname__", None), getattr(target, "__name__", None))
+                    where = next(
+                        (
+                            (candidate, qualname)
+                            for candidate in (module, "torch", "operator")
+                            for qualname in names
+                            if isinstance(candidate, str)
+                            and isinstance(qualname, str)
+                            and _namespace_lookup(candidate, qualname) is target
+                        ),
+                        None,
+                    )
+                if where is None or not _target_module_allowed(*where):
+                    return None
+                target = where
+            elif node.op == "get_attr":
+                value = gm
+                for part in target.split("."):
+                    value = getattr(value, part)
+                if not isinstance(value, torch.Tensor) or type(value) not in (torch.Tensor, torch.nn.Parameter):
+                    return None
+                attrs[target] = value
+            elif node.op not in ("placeholder", "call_method", "output"):
+                return None
+            nodes.append((node.op, node.name, target, _graph_arg_as_data(node.args), _graph_arg_as_data(node.kwargs)))
+    except _NotGraphData:
+        return None
+    return {"nodes": nodes, "attrs": attrs}
+
+
+def _graph_arg_from_data(data, env: dict, where: str, depth: int = 0):
+    if depth > 64 or not (isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], str)):
+        raise PackageError(f"{where}: a node argument is malformed")
+    kind, value = data
+    if kind == "node":
+        if value not in env:
+            raise PackageError(f"{where}: a node reads {str(value)[:80]!r}, which no earlier node is")
+        return env[value]
+    if kind in ("list", "tuple", "dict", "slice"):
+        if not isinstance(value, tuple) or (kind == "slice" and len(value) != 3):
+            raise PackageError(f"{where}: a node argument is malformed")
+        if kind == "dict":
+            if not all(isinstance(kv, tuple) and len(kv) == 2 for kv in value):
+                raise PackageError(f"{where}: a node argument is malformed")
+            return {
+                _graph_arg_from_data(k, env, where, depth + 1): _graph_arg_from_data(v, env, where, depth + 1)
+                for k, v in value
+            }
+        items = [_graph_arg_from_data(v, env, where, depth + 1) for v in value]
+        if kind == "slice":
+            return slice(*items)
+        return items if kind == "list" else tuple(items)
+    if kind == "const":
+        try:
+            return _decode_constant(value)
+        except PackageError as e:
+            raise PackageError(f"{where}: {e}") from e
+    raise PackageError(f"{where}: a node argument is malformed")
+
+
+def _fx_graph_from_data(data, name: str) -> torch.fx.GraphModule:
+    """The GraphModule of ``_fx_graph_as_data``'s data; anything malformed or a
+    target outside the allow-list is a PackageError."""
+    where = f"packaged graph {name}"
+    if not (isinstance(data, dict) and isinstance(data.get("nodes"), list) and isinstance(data.get("attrs"), dict)):
+        raise PackageError(f"{where}: its graph is malformed")
+    attrs = data["attrs"]
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in attrs.items()):
+        raise PackageError(f"{where}: its graph's attributes are malformed")
+    graph = torch.fx.Graph()
+    env: dict[str, Any] = {}
+    for node in data["nodes"]:
+        if not (isinstance(node, tuple) and len(node) == 5 and isinstance(node[1], str) and node[1].isidentifier()):
+            raise PackageError(f"{where}: a node is malformed")
+        op, node_name, target, args, kwargs = node
+        if op == "call_function":
+            if not (isinstance(target, tuple) and len(target) == 2 and all(isinstance(t, str) for t in target)):
+                raise PackageError(f"{where}: node {node_name} has a malformed target")
+            fn = _namespace_lookup(*target) if _target_module_allowed(*target) else None
+            if fn is None or not callable(fn):
+                raise PackageError(
+                    f"{where}: node {node_name} calls {target[0][:80]}.{target[1][:80]}, which is "
+                    "not a function a packaged graph may call"
+                )
+            target = fn
+        elif op in ("placeholder", "call_method", "get_attr"):
+            if not (isinstance(target, str) and all(p.isidentifier() for p in target.split("."))):
+                raise PackageError(f"{where}: node {node_name} has a malformed target")
+            if op == "get_attr" and target not in attrs:
+                raise PackageError(f"{where}: node {node_name} reads attribute {target[:80]!r}, which the graph does not hold")
+        elif op != "output":
+            raise PackageError(f"{where}: node {node_name} has op {str(op)[:40]!r}")
+        node_args = _graph_arg_from_data(args, env, where)
+        node_kwargs = _graph_arg_from_data(kwargs, env, where)
+        if not (isinstance(node_args, tuple) and isinstance(node_kwargs, dict)):
+            raise PackageError(f"{where}: node {node_name} has malformed arguments")
+        created = graph.create_node(op, target, node_args, node_kwargs, name=node_name)
+        env[node_name] = created
+    try:
+        graph.lint()
+        return torch.fx.GraphModule(dict(attrs), graph)
+    except Exception as e:
+        raise PackageError(f"{where}: its graph is malformed: {e!r}"[:400]) from e
+
+
 def deserialize_graph(blob: bytes, redirect: _KernelRedirect, name: str):
     """A packaged graph's callable, read with the graph allow-list (NOTE:
     [Classes of graph artifacts]); any damage is a PackageError naming it."""
@@ -956,6 +1389,8 @@ def deserialize_graph(blob: bytes, redirect: _KernelRedirect, name: str):
     if backend.startswith(_CUSTOM_BACKEND):
         return _deserialize_custom_graph(payload, name)
     gm = payload.get("gm")
+    if "graph" in payload and backend in ("eager", "aot_eager"):
+        gm = _fx_graph_from_data(payload["graph"], name)
     if backend not in ("eager", "aot_eager") or not isinstance(gm, torch.fx.GraphModule):
         raise PackageError(f"packaged graph {name}: backend {backend[:40]!r} with no graph module")
     if backend == "eager":
