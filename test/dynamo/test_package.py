@@ -8,6 +8,7 @@ process also checks that Dynamo traced nothing and no C++ was compiled.
 """
 
 import gc
+import inspect
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import types
 import unittest
 import unittest.mock
 import warnings
@@ -1169,6 +1171,108 @@ instantiate_parametrized_tests(TestPackageFormat)
 instantiate_parametrized_tests(TestPackageLoadPausesGC)
 instantiate_parametrized_tests(TestPackageAndReset)
 instantiate_parametrized_tests(TestWrapperKernels)
+
+
+class TestBytecodeConstants(torch._dynamo.test_case.TestCase):
+    """NOTE: [Constants of compiled bytecode]: what Dynamo writes with LOAD_CONST
+    and marshal cannot save round-trips; hand-made encodings are refused."""
+
+    CONSTANTS = {
+        "size": torch.Size([1, 1]),
+        "device": torch.device("cpu"),
+        "device_index": torch.device("cuda", 1),
+        "dtype": torch.bfloat16,
+        "layout": torch.sparse_coo,
+        "memory_format": torch.channels_last,
+        "finfo": torch.finfo(torch.float16),
+        "enum": inspect.Parameter.KEYWORD_ONLY,
+        "class": torch.nn.Linear,
+        "slice": slice(None, torch.Size([2]), None),
+        "tuple": (1, torch.float32, (torch.device("cpu"), "x")),
+        "frozenset": frozenset({torch.float32, torch.int64}),
+    }
+
+    def _code_with(self, value):
+        code = compile("a = 1\ndef f():\n    return 2\n", "<t>", "exec")
+        nested = next(c for c in code.co_consts if isinstance(c, types.CodeType))
+        nested = nested.replace(co_consts=(*nested.co_consts, value))
+        consts = tuple(nested if isinstance(c, types.CodeType) else c for c in code.co_consts)
+        return code.replace(co_consts=(*consts, value))
+
+    def test_each_constant_round_trips(self):
+        from torch._dynamo.package_artifacts import dump_code, load_code
+
+        for name, value in self.CONSTANTS.items():
+            with self.subTest(name):
+                loaded = load_code(dump_code(self._code_with(value)), "test")
+                self.assertEqual(loaded.co_consts[-1], value)
+                self.assertIs(type(loaded.co_consts[-1]), type(value))
+                nested = next(c for c in loaded.co_consts if isinstance(c, types.CodeType))
+                self.assertEqual(nested.co_consts[-1], value)
+
+    def test_marshallable_code_keeps_marshal_bytes(self):
+        import marshal
+
+        from torch._dynamo.package_artifacts import dump_code
+
+        code = self._code_with(3)
+        self.assertEqual(dump_code(code), marshal.dumps(code))
+
+    def test_unsaveable_constant_is_named(self):
+        from torch._dynamo.package_artifacts import dump_code
+
+        with self.assertRaisesRegex(PackageError, "threading.Lock|_thread.lock"):
+            import threading
+
+            dump_code(self._code_with(threading.Lock()))
+
+    def test_hand_made_encodings_are_refused(self):
+        import marshal
+
+        from torch._dynamo.package_artifacts import _CODE_WITH_CONSTANTS, load_code
+
+        code = self._code_with(None)
+        last = len(code.co_consts) - 1
+        hostile = [
+            ("class", "os", "system"),  # not a class
+            ("class", "subprocess", "Popen.__init__"),
+            ("enum", "os", "environ", "x"),
+            ("dtype", "load"),  # torch.load is not a dtype
+            ("dtype", "_dynamo"),  # never imported through torch's __getattr__
+            ("size", ("1",)),
+            ("device", "no-such-device", None),
+            ("unknown-kind", 1),
+            ("const", [1]),
+            ("tuple", (("class", "builtins", "eval"),)),
+        ]
+        for encoded in hostile:
+            with self.subTest(encoded):
+                data = _CODE_WITH_CONSTANTS + marshal.dumps((code, (((last,), encoded),)))
+                with self.assertRaises(PackageError):
+                    load_code(data, "test")
+        for table in ((((last + 5,), ("size", (1,))),), (((0,), ("size", (1,))),), "x", ((("a",), 1),)):
+            with self.subTest(table):
+                data = _CODE_WITH_CONSTANTS + marshal.dumps((code, table))
+                with self.assertRaises(PackageError):
+                    load_code(data, "test")
+        with self.assertRaises(PackageError):
+            load_code(_CODE_WITH_CONSTANTS + b"\xff\x00garbage", "test")
+
+    def test_hand_made_graph_calling_eval_is_refused(self):
+        from torch._dynamo.package_artifacts import _fx_graph_as_data, _fx_graph_from_data
+
+        gm = torch.fx.symbolic_trace(lambda x: torch.relu(x) + 1)
+        data = _fx_graph_as_data(gm)
+        self.assertIsNotNone(data)
+        self.assertEqual(_fx_graph_from_data(data, "g")(torch.ones(2)).tolist(), [2.0, 2.0])
+        for target in (("builtins", "eval"), ("os", "system"), ("torch", "load")):
+            with self.subTest(target):
+                nodes = [
+                    (op, name, target if op == "call_function" else t, a, k)
+                    for op, name, t, a, k in data["nodes"]
+                ]
+                with self.assertRaisesRegex(PackageError, "not a function a packaged graph may call"):
+                    _fx_graph_from_data({"nodes": nodes, "attrs": {}}, "g")
 
 
 if __name__ == "__main__":
