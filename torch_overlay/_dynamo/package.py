@@ -1884,14 +1884,18 @@ class SourceInfo:
         module = inspect.getmodule(code)
         if module is None or not getattr(module, "__file__", None):
             return
-        lines = _code_source_lines(code)
+        # The lines the code was compiled from, read the way a load reads them
+        # (_module_lines), so that an unchanged file always hashes the same.
+        first = code.co_firstlineno
+        last = max((line for _, _, line in code.co_lines() if line is not None), default=first)
+        lines = _module_lines(module, first, last)
         if lines is None:
             return
         self.inlined_sources.add(
             InlinedSource(
                 module=module.__name__,
-                firstlineno=code.co_firstlineno,
-                lastlineno=code.co_firstlineno + len(lines) - 1,
+                firstlineno=first,
+                lastlineno=last,
                 checksum=_sha256("".join(lines).encode()),
             )
         )
@@ -1923,14 +1927,6 @@ class SourceInfo:
         ):
             raise PackageError(f"package {where}: its manifest's inlined_sources are malformed")
         return cls({InlinedSource(*f) for f in fields})
-
-
-def _code_source_lines(code: types.CodeType) -> Optional[list[str]]:
-    try:
-        lines, _ = inspect.getsourcelines(code)
-    except (OSError, TypeError):
-        return None
-    return lines
 
 
 def _module_lines(module, first: int, last: int) -> Optional[list[str]]:
