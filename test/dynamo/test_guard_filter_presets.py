@@ -295,10 +295,6 @@ class GuardFilterPresetPackageTests(PackageTestCase):
         self.assertEqual(report["results"], [{"same": True, "grads": 0}])
         self.assertEqual(report["traced_graphs"], 0)
 
-    # Needs CompilePackage.collect_files to add
-    # package_artifacts.guard_filter_manifest_fields(self) to the manifest
-    # (NOTE: [Guard filter of a package]).
-    @unittest.expectedFailure
     def test_manifest_names_the_preset(self):
         _, manifest = self.save_and_load("torch.compiler.skip_guard_on_globals_unsafe", "3")
         self.assertEqual(
@@ -352,9 +348,6 @@ class GuardFilterPresetAOTCompileTests(torch._dynamo.test_case.TestCase):
         finally:
             SCALE = 3
 
-    # Needs aot_compile_fullgraph to pass the torch.compile'd function's
-    # guard_filter_fn on to torch._dynamo.optimize (it compiles with none).
-    @unittest.expectedFailure
     def test_aot_compile_with_preset(self):
         global SCALE
         mod, fn = self.aot_compile(torch.compiler.skip_guard_on_globals_unsafe)

@@ -38,7 +38,6 @@ import hashlib
 import inspect
 import io
 import logging
-import marshal
 import os
 import pickle
 import sys
@@ -55,6 +54,7 @@ from .package import CompilePackage, cyclic_gc_paused
 from .package_artifacts import (
     _CUSTOM_BACKEND,
     check_frozen_parameters,
+    load_code,
     read_archive,
     write_archive,
 )
@@ -261,10 +261,12 @@ class AOTCompiledFunction:
         )
 
 
-def _compile_fullgraph(fn, backend, args, kwargs) -> CompilePackage:
+def _compile_fullgraph(fn, backend, args, kwargs, guard_filter_fn=None) -> CompilePackage:
     package = CompilePackage(fn)
     fresh = _fresh_function(fn)
-    compiled = torch._dynamo.optimize(backend, nopython=True, package=package)(fresh)
+    compiled = torch._dynamo.optimize(
+        backend, nopython=True, package=package, guard_filter_fn=guard_filter_fn
+    )(fresh)
     # See NOTE: [aot_compile is not a recompile]
     with torch.compiler.set_stance("default"):
         compiled(*args, **kwargs)
@@ -288,8 +290,9 @@ def _check_custom_backend_output(package: CompilePackage) -> None:
             )
 
 
-def aot_compile_fullgraph(fn, backend, example_inputs) -> AOTCompiledFunction:
-    """``torch.compile(fn, fullgraph=True).aot_compile((args, kwargs))``."""
+def aot_compile_fullgraph(fn, backend, example_inputs, guard_filter_fn=None) -> AOTCompiledFunction:
+    """``torch.compile(fn, fullgraph=True).aot_compile((args, kwargs))``; the
+    guards kept are those ``guard_filter_fn`` (torch.compile's option) selects."""
     require_aot_compile_enabled()
     try:
         args, kwargs = example_inputs
@@ -306,13 +309,13 @@ def aot_compile_fullgraph(fn, backend, example_inputs) -> AOTCompiledFunction:
     fn = getattr(fn, "__func__", fn)
     if not isinstance(fn, types.FunctionType):
         raise TypeError(f"aot_compile needs a Python function or an nn.Module, not {fn!r}")
-    package = _compile_fullgraph(fn, backend, args, kwargs)
+    package = _compile_fullgraph(fn, backend, args, kwargs, guard_filter_fn)
     _check_custom_backend_output(package)
     if len(package.entries) != 1:
         reasons = "; ".join(package._unsaveable) or "no entry was recorded"
         raise PackageError(f"aot_compile of {fn.__qualname__} failed: {reasons}")
     entry = package.entries[0]
-    out_code = marshal.loads(entry.out_code)
+    out_code = load_code(entry.out_code, f"the aot_compile entry of {fn.__qualname__}")
     return AOTCompiledFunction(fn, out_code, fn.__globals__, entry.guards_state, package)
 
 
@@ -528,7 +531,7 @@ class AOTCompiledModel:
 
 
 def aot_compile_module(
-    model: torch.nn.Module, inputs: list[ModelInput], backend
+    model: torch.nn.Module, inputs: list[ModelInput], backend, guard_filter_fn=None
 ) -> AOTCompiledModel:
     """Compile ``model``'s forward ahead of time once per :class:`ModelInput`."""
     require_aot_compile_enabled()
@@ -540,7 +543,10 @@ def aot_compile_module(
                 stack.enter_context(ctx)
             results.append(
                 aot_compile_fullgraph(
-                    model.forward, backend, (model_input.args, model_input.kwargs)
+                    model.forward,
+                    backend,
+                    (model_input.args, model_input.kwargs),
+                    guard_filter_fn=guard_filter_fn,
                 )
             )
     return AOTCompiledModel(model, results)

@@ -63,6 +63,7 @@ from .package_artifacts import (
     deserialize_graph,
     dump_code,
     folded_parameters,
+    guard_filter_manifest_fields,
     load_code,
     overlay_series_hash,
     PACKAGE_FORMAT_VERSION,
@@ -1279,6 +1280,8 @@ class CompilePackage:
             "entries": sum(1 for entry in kept if entry.out_code),
             "skipped_frames": sum(1 for entry in kept if not entry.out_code),
             "inlined_sources": self.source_info.as_fields(),
+            # The guard filter the entries were compiled with (a preset by name).
+            **guard_filter_manifest_fields(self),
             "files": {name: _sha256(data) for name, data in sorted(files.items())},
         }
         # NOTE: [Trust model of compile packages]: signed with
