@@ -175,6 +175,79 @@ def _recording(package: Optional[CompilePackage]):
         _tls.package = previous
 
 
+# NOTE: [Entries a package's model uses]
+# Dynamo's cache lives on code objects, not on torch.compile() wrappers: a model
+# and its EMA copy (one class) compiled with two packages share their forward's
+# cache entries, and 2.7.1 serves a frame from an entry compiled under the other
+# package whenever that entry's guards accept the frame and the two backends are
+# equal (eval_frame.c follows _torchdynamo_orig_callable to the raw backend, so
+# the packages' RecordingBackends do not tell them apart). The frame callback,
+# and so the package, never sees such a hit, yet the package must hold the entry
+# to load alone in a fresh process. So a package records hits too:
+# - RecordingBackend.backend_ctx_ctor, which Dynamo enters around every call of
+#   the torch.compile()'d callable, pushes the package on a thread-local stack
+#   (_tls.running): the innermost compiled callable running is its model;
+# - the guard manager of every entry compiled under a package, or installed from
+#   one, gets one more epilogue guard, after the shape guards: epilogue guards
+#   run only once every other guard passed, so it runs exactly when the entry
+#   is about to serve the frame. It always passes, and when the running package
+#   is not the entry's own, that package adopts the entry (its bytecode, guards,
+#   graphs, kernels and inlined sources: _EntryOrigin).
+# The guards decide what a package holds: an entry joins a package only after
+# its guards accepted a frame run by that package's model, so models whose
+# weights or configs differ in what the guards read keep their own entries.
+# Cost: one Python call per frame served from a package's entry, a few hundred
+# ns against the guards' own microseconds. Not adopted: entries compiled without
+# a package (they have no saved guards), and frozen graphs (their constants are
+# the other model's weights).
+_packages_by_uid: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+class _RunningPackage:
+    """Marks the package of the torch.compile()'d callable this thread is in
+    (NOTE: [Entries a package's model uses]), around the backend's own context."""
+
+    __slots__ = ("uid", "inner")
+
+    def __init__(self, uid: Optional[str], inner_ctor: Optional[Callable]) -> None:
+        self.uid = uid
+        self.inner = inner_ctor() if inner_ctor is not None else None
+
+    def __enter__(self):
+        stack = getattr(_tls, "running", None)
+        if stack is None:
+            stack = _tls.running = []
+        stack.append(self.uid)
+        if self.inner is not None:
+            self.inner.__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            if self.inner is not None:
+                return self.inner.__exit__(*exc)
+        finally:
+            _tls.running.pop()
+
+
+def _note_uses(guard_manager, origin: _EntryOrigin) -> None:
+    """Give ``guard_manager`` the epilogue guard that lets the package whose
+    model it serves adopt ``origin``'s entry (NOTE: [Entries a package's model uses])."""
+    add = getattr(getattr(guard_manager, "root", None), "add_epilogue_lambda_guard", None)
+    if add is None:
+        return
+    owner = origin.owner_uid
+
+    def note_package_use(_f_locals) -> bool:
+        stack = getattr(_tls, "running", None)
+        if stack and stack[-1] != owner:
+            running = _packages_by_uid.get(stack[-1])
+            if running is not None:
+                running._adopt(origin)
+        return True
+
+    add(note_package_use, [f"___note_package_use({owner!r})"])
+
+
 # ---------------------------------------------------------------------------
 # Code objects across processes
 # ---------------------------------------------------------------------------
@@ -468,9 +541,17 @@ class RecordingBackend:
         # runs inside vmap / grad / jvp is traced only for the eager backend
         # (InstructionTranslator._throw_if_in_functorch).
         self.compiler_fn = inspect.getattr_static(backend, "compiler_fn", backend)
-        for attr in ("get_compiler_config", "backend_ctx_ctor", "compiler_name"):
+        for attr in ("get_compiler_config", "compiler_name"):
             if hasattr(backend, attr):
                 setattr(self, attr, getattr(backend, attr))
+        # Dynamo enters backend_ctx_ctor() on every call of the torch.compile()'d
+        # callable: the package says there that its model is running (NOTE:
+        # [Entries a package's model uses]), around the backend's own context.
+        self._inner_ctx_ctor = getattr(backend, "backend_ctx_ctor", None)
+        self.package_uid: Optional[str] = None
+
+    def backend_ctx_ctor(self):
+        return _RunningPackage(self.package_uid, self._inner_ctx_ctor)
 
     def __call__(self, gm, example_inputs, **kwargs):
         # A graph for a package: the save that follows signs it with this key
@@ -638,6 +719,22 @@ class _Entry:
     # global name -> ("graph", artifact name) | ("resume", code key)
     #              | ("module", module name) | ("named", module, path)
     globals: dict
+
+
+@dataclasses.dataclass
+class _EntryOrigin:
+    """An entry of one package and what another package needs to hold it too
+    (NOTE: [Entries a package's model uses]); no reference to the package."""
+
+    owner_uid: str
+    entry: _Entry
+    graph_records: dict  # artifact -> _GraphRecord, for a graph compiled here
+    graph_blobs: dict  # artifact -> bytes, for a graph loaded from a package
+    kernels: dict  # the loaded package's kernels (not kept per graph)
+    devices: set
+    frozen: bool
+    from_package: bool
+    sources: set  # the owner's inlined sources (its live set)
 
 
 @dataclasses.dataclass
@@ -893,6 +990,9 @@ class CompilePackage:
         self._unsaveable: list[str] = []
         # Entries read from a package: checked when they were first saved.
         self._entries_from_packages: set[int] = set()
+        # Entries of other packages this package's model ran (NOTE: [Entries
+        # a package's model uses]), by id.
+        self._adopted: set[int] = set()
         # Frames Dynamo decided not to compile (NOTE: [Frames Dynamo skips]):
         # entries with no bytecode and no guards.
         self.skipped: list[_Entry] = []
@@ -1024,6 +1124,8 @@ class CompilePackage:
     # -- compile side ------------------------------------------------------
     def wrap_backend(self, backend, kind: Optional[str] = None) -> RecordingBackend:
         self.backend = RecordingBackend(backend, kind or backend_kind(backend))
+        self.backend.package_uid = self._uid
+        _packages_by_uid[self._uid] = self
         return self.backend
 
     def _root_codes(self) -> list[types.CodeType]:
@@ -1092,6 +1194,45 @@ class CompilePackage:
                 globals=global_refs,
             )
         )
+
+    def _origin(self, entry: _Entry) -> Optional[_EntryOrigin]:
+        """What another package needs to hold ``entry`` too; None for an entry
+        no other model may share (a frozen graph holds this model's weights)."""
+        artifacts = [ref[1] for ref in entry.globals.values() if ref[0] == "graph"]
+        records = {a: self._graph_records[a] for a in artifacts if a in self._graph_records}
+        from_package = id(entry) in self._entries_from_packages
+        if any(r.frozen is not None or r.frozen_under_no_grad for r in records.values()) or (
+            from_package and self._loaded_frozen
+        ):
+            return None
+        return _EntryOrigin(
+            owner_uid=self._uid,
+            entry=entry,
+            graph_records=records,
+            graph_blobs={a: self._loaded_graph_blobs[a] for a in artifacts if a in self._loaded_graph_blobs},
+            kernels=self._loaded_kernels if from_package else {},
+            devices=set(self._loaded_devices) if from_package else set(),
+            frozen=False,
+            from_package=from_package,
+            sources=self.source_info.inlined_sources,
+        )
+
+    def _adopt(self, origin: _EntryOrigin) -> None:
+        """Hold another package's entry too: this package's model ran it (NOTE:
+        [Entries a package's model uses])."""
+        entry = origin.entry
+        if id(entry) in self._adopted or any(held is entry for held in self.entries):
+            return
+        self._adopted.add(id(entry))
+        self.entries.append(entry)
+        self._graph_records.update(origin.graph_records)
+        self._loaded_graph_blobs.update(origin.graph_blobs)
+        if origin.from_package:
+            self._entries_from_packages.add(id(entry))
+            self._loaded_kernels.update(origin.kernels)
+            self._loaded_devices |= origin.devices
+        self.source_info.inlined_sources |= origin.sources
+        log.debug("package %s holds entry of %s run by its model", self.path, _describe_key(entry.code_key))
 
     # NOTE: [Frames Dynamo skips]
     # When Dynamo decides not to compile a frame (it compiled nothing: e.g. the
@@ -1605,6 +1746,9 @@ class CompilePackage:
             manager = loaded.guard_manager
             # A guard manager belongs to one cache entry; a later miss rebuilds.
             loaded.guard_manager = None
+            origin = self._origin(loaded.entry)
+            if origin is not None:
+                _note_uses(manager, origin)
             return GuardedCode(
                 loaded.out_code,
                 manager,
@@ -1672,8 +1816,18 @@ class PackageAwareConvertFrame:
         if hit is not None:
             return None if hit is SKIP_FRAME else hit
         hooks = _with_frozen_parameter_filter(hooks, self.package.backend)
+        entries = self.package.entries
+        before = len(entries)
         with _recording(self.package):
             result = self._inner(frame, cache_entry, hooks, frame_state, **kwargs)
+        if len(entries) == before + 1:
+            # The entry this frame's compile recorded: other packages' models
+            # that its guards accept hold it too (NOTE: [Entries a package's model uses]).
+            guarded = getattr(result, "guarded_code", result)
+            manager = getattr(guarded, "guard_manager", None) or getattr(guarded, "check_fn", None)
+            origin = self.package._origin(entries[-1])
+            if manager is not None and origin is not None:
+                _note_uses(manager, origin)
         if _skips_code(result):
             self.package.record_skip(frame)
         return result
