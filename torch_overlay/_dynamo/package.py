@@ -1590,7 +1590,7 @@ class CompilePackage:
     def _load_graphs(self, files, redirect: _KernelRedirect, path) -> dict[str, Any]:
         """The package's graphs, by artifact name; a frozen one is checked against
         the module it is loaded for (NOTE: [Parameters of frozen packages])."""
-        module = self._fn if isinstance(self._fn, torch.nn.Module) else None
+        module = self._compiled_module()
         graphs = {}
         checks_at_call = self.frozen_checks_at_call
         for name, data in files.items():
@@ -1637,6 +1637,16 @@ class CompilePackage:
         _check_global_refs(entry, what, self._modules_named_by_live_function())
         return codes
 
+    def _compiled_module(self) -> Optional[torch.nn.Module]:
+        """The module this package compiles: torch.compile(module), or
+        module.compile() / torch.compile(module.forward), which compile a bound
+        method of the module (generate() then runs the compiled module)."""
+        fn = self._fn
+        if isinstance(fn, torch.nn.Module):
+            return fn
+        owner = getattr(fn, "__self__", None)
+        return owner if isinstance(owner, torch.nn.Module) else None
+
     def _modules_named_by_live_function(self) -> Optional[set]:
         """The modules the compiled function's globals (and, for a module, its
         submodules' classes) name: the only ones an entry may run in. None when
@@ -1646,9 +1656,10 @@ class CompilePackage:
             return None
         names = {"torch._dynamo.external_utils"}  # the inline wrapper's frame
         holders = [fn]
-        if isinstance(fn, torch.nn.Module):
-            holders = [type(m).forward for m in fn.modules()]
-            names |= {type(m).__module__ for m in fn.modules()}
+        module = self._compiled_module()
+        if module is not None:
+            holders += [type(m).forward for m in module.modules()]
+            names |= {type(m).__module__ for m in module.modules()}
         seen_globals: set[int] = set()
         for holder in holders:
             holder = getattr(holder, "__func__", holder)
