@@ -1436,7 +1436,10 @@ def make_parser() -> argparse.ArgumentParser:
         "--jobs", type=int, default=2, help="environments run at once (default 2)"
     )
     parser.add_argument("--pytest-timeout", type=int, default=1200, help="seconds per environment")
-    parser.add_argument("--probe-timeout", type=int, default=600, help="seconds per environment")
+    # The precompile probes' serving cases (NOTE: [Serving probes]) compile three
+    # tiny Hugging Face models with Inductor: ~4 minutes of an environment's run
+    # on a busy 2-core machine, on top of the other probes.
+    parser.add_argument("--probe-timeout", type=int, default=1200, help="seconds per environment")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser

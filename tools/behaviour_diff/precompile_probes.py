@@ -320,6 +320,152 @@ def _local_module_save(_: Path) -> None:
     torch.compiler.save_cache_artifacts()
 
 
+# -- serving: KV-cache decoding and generate() ----------------------------------
+
+# NOTE: [Serving probes]
+# The serving zoo of issue 27 (test/dynamo/test_package_serving.py) with the API
+# both versions share: caching_precompile, Inductor, dynamic=True. A tiny
+# Hugging Face model (transformers 4.52.4, the test's local configs and seed)
+# is compiled and run on a 5-token prompt and 6 greedy decode steps with a
+# DynamicCache, or generate() over a compiled forward, then
+# save_cache_artifacts(); the fresh loading process runs a prompt length and a
+# number of steps never seen at save (9 tokens, 10 steps) under
+# fail_on_recompile. Steps return token ids (Inductor's logits differ from
+# eager's in the last bits; the tokens must not). The decode steps start from
+# an eager prefill's cache, so that they say whether the decode entries load
+# whatever the prefill entry did.
+SERVING_SAVE_PROMPT, SERVING_SAVE_STEPS = 5, 6
+SERVING_LOAD_PROMPT, SERVING_LOAD_STEPS = 9, 10
+
+
+def build_serving_model(name: str):
+    """The serving zoo's tiny model ``name`` (gpt2 or llama), seed 0, eval mode."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    torch.manual_seed(0)
+    if name == "gpt2":
+        config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100)
+        return transformers.GPT2LMHeadModel(config).eval()
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def serving_prompt(length: int) -> torch.Tensor:
+    return torch.randint(0, 100, (1, length), generator=torch.Generator().manual_seed(length))
+
+
+def prefill(fn, prompt: torch.Tensor):
+    from transformers import DynamicCache
+
+    with torch.no_grad():
+        return fn(input_ids=prompt, past_key_values=DynamicCache(), use_cache=True)
+
+
+def first_token(fn, prompt: torch.Tensor) -> int:
+    """The token a prefill of ``prompt`` generates first."""
+    return int(prefill(fn, prompt).logits[0, -1].argmax())
+
+
+def greedy_decode(fn, out, steps: int) -> list[int]:
+    """``steps`` greedy decode steps of ``fn`` from a forward's output ``out``."""
+    tokens = []
+    with torch.no_grad():
+        for _ in range(steps):
+            nxt = out.logits[:, -1:].argmax(-1)
+            tokens.append(int(nxt))
+            out = fn(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+    return tokens
+
+
+def greedy_generate(model, prompt: torch.Tensor, steps: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=steps,
+            min_new_tokens=steps, pad_token_id=0, do_sample=False,
+        )
+    return out[0, -steps:].tolist()
+
+
+def compile_serving(model):
+    return torch.compile(model, backend="inductor", dynamic=True)
+
+
+def _decode_battery(name: str) -> Callable[[Path], Iterator[Step]]:
+    def battery(_: Path) -> Iterator[Step]:
+        model = build_serving_model(name)
+        compiled = compile_serving(model)
+        prompt = serving_prompt(SERVING_LOAD_PROMPT)
+        yield Step(
+            f"prefill, a {SERVING_LOAD_PROMPT}-token prompt (saved: {SERVING_SAVE_PROMPT})",
+            lambda: first_token(compiled, prompt),
+            lambda: first_token(model, prompt),
+        )
+        yield Step(
+            f"{SERVING_LOAD_STEPS} decode steps from an eager prefill (saved: {SERVING_SAVE_STEPS})",
+            lambda: greedy_decode(compiled, prefill(model, prompt), SERVING_LOAD_STEPS),
+            lambda: greedy_decode(model, prefill(model, prompt), SERVING_LOAD_STEPS),
+        )
+
+    return battery
+
+
+def _decode_save(name: str) -> Callable[[Path], None]:
+    def save(_: Path) -> None:
+        compiled = compile_serving(build_serving_model(name))
+        greedy_decode(compiled, prefill(compiled, serving_prompt(SERVING_SAVE_PROMPT)), SERVING_SAVE_STEPS)
+        torch.compiler.save_cache_artifacts()
+
+    return save
+
+
+for _name, _what in (
+    ("gpt2", "GPT-2"),
+    ("llama", "Llama (GQA, rotary embeddings under @torch.no_grad())"),
+):
+    probe(
+        f"serving_{_name}_decode",
+        CACHING_PRECOMPILE,
+        "inductor",
+        f"{_what} with a DynamicCache, dynamic=True: saved after a {SERVING_SAVE_PROMPT}-token "
+        f"prompt and {SERVING_SAVE_STEPS} decode steps, loaded and run on a "
+        f"{SERVING_LOAD_PROMPT}-token prompt for {SERVING_LOAD_STEPS} steps (NOTE: [Serving probes]).",
+        battery=_decode_battery(_name),
+    )(_decode_save(_name))
+
+
+def _generate_battery(_: Path) -> Iterator[Step]:
+    model = build_serving_model("gpt2")
+    eager = build_serving_model("gpt2")
+    model.forward = compile_serving(model.forward)
+    prompt = serving_prompt(SERVING_LOAD_PROMPT)
+    yield Step(
+        f"generate(), a {SERVING_LOAD_PROMPT}-token prompt, {SERVING_LOAD_STEPS} tokens",
+        lambda: greedy_generate(model, prompt, SERVING_LOAD_STEPS),
+        lambda: greedy_generate(eager, prompt, SERVING_LOAD_STEPS),
+    )
+
+
+@probe(
+    "serving_gpt2_generate",
+    CACHING_PRECOMPILE,
+    "inductor",
+    "GPT-2 generate() over model.forward = torch.compile(model.forward, dynamic=True), "
+    "as Hugging Face documents, greedy: saved after a "
+    f"{SERVING_SAVE_PROMPT}-token prompt and {SERVING_SAVE_STEPS} new tokens, loaded and run "
+    f"on a {SERVING_LOAD_PROMPT}-token prompt for {SERVING_LOAD_STEPS} (NOTE: [Serving probes]).",
+    battery=_generate_battery,
+)
+def _generate_save(_: Path) -> None:
+    model = build_serving_model("gpt2")
+    model.forward = compile_serving(model.forward)
+    greedy_generate(model, serving_prompt(SERVING_SAVE_PROMPT), SERVING_SAVE_STEPS)
+    torch.compiler.save_cache_artifacts()
+
+
 # -- aot_compile ---------------------------------------------------------------
 
 
