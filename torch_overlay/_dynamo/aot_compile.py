@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import hashlib
 import inspect
@@ -50,7 +51,13 @@ import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 from torch._dynamo.exc import PackageError
 
-from .package import CompilePackage, cyclic_gc_paused
+# BundledAOTAutogradSerializableCallable: upstream's aot_compile exports it too.
+from .aot_compile_types import (
+    BundledAOTAutogradSerializableCallable,
+    BundledGraph,
+    GraphModuleSerializableCallable,
+)
+from .package import CompilePackage, cyclic_gc_paused, SourceInfo, SystemInfo
 from .package_artifacts import (
     _CUSTOM_BACKEND,
     check_frozen_parameters,
@@ -128,6 +135,50 @@ def _tensor_guards_name_the_scope() -> bool:
     return TorchVersion(torch.__version__) < "2.7"
 
 
+@dataclasses.dataclass
+class CompileArtifacts:
+    """What an aot_compile'd function is made of (upstream's names): the
+    function's signature and original code, the bytecode Dynamo generated, its
+    guards, the compiled graph (``compiled_fn``, a SerializableCallable) and its
+    backend id, the module aliases the bytecode reads, the sources it was traced
+    from and the system it was compiled on."""
+
+    signature: inspect.Signature
+    bytecode: types.CodeType
+    guard_manager: Any
+    guards_state: bytes
+    import_sources: dict[str, str]
+    backend_id: str
+    compiled_fn: Any
+    original_code: types.CodeType
+    closure: Optional[tuple]
+    source_info: SourceInfo
+    device_type: str
+    system_info: SystemInfo
+    backend_name: str
+
+
+def _serializable_graph(package: CompilePackage, entry, f_globals: dict) -> tuple[str, Any]:
+    """(backend id, the graph as a SerializableCallable) of an aot_compile entry."""
+    graphs = [(name, ref[1]) for name, ref in entry.globals.items() if ref[0] == "graph"]
+    if len(graphs) != 1:
+        raise PackageError(f"an aot_compile entry calls {len(graphs)} compiled graphs, not one")
+    name, backend_id = graphs[0]
+    compiled = f_globals.get(name, f_globals.get(f"{name}_pkg{package._uid}"))
+    compiled = getattr(compiled, "_torchdynamo_orig_callable", compiled)
+    record = package._graph_records.get(backend_id)
+    if record is not None and record.backend.startswith(_CUSTOM_BACKEND):
+        return backend_id, record.compiled
+    if record is not None and record.backend == "eager":
+        return backend_id, GraphModuleSerializableCallable(record.gm)
+    if record is not None:
+        return backend_id, BundledAOTAutogradSerializableCallable(BundledGraph(compiled, record=record))
+    blob = package._loaded_graph_blobs[backend_id]
+    kernels = dict(package._loaded_kernels)
+    data = pickle.dumps({"graph": blob, "kernels": kernels}, protocol=pickle.HIGHEST_PROTOCOL)
+    return backend_id, BundledAOTAutogradSerializableCallable(BundledGraph(compiled, data=data))
+
+
 class AOTCompiledFunction:
     """A function compiled ahead of time; see the module docstring."""
 
@@ -162,6 +213,32 @@ class AOTCompiledFunction:
                 self._guards_state, self._fn.__code__, self._compiled.__globals__
             )
         return self._guard_manager
+
+    @functools.cached_property
+    def _artifacts(self) -> CompileArtifacts:
+        package = self._package
+        entry = package.entries[0]
+        backend_id, compiled_fn = _serializable_graph(package, entry, self._compiled.__globals__)
+        record = package._graph_records.get(backend_id)
+        return CompileArtifacts(
+            signature=self._signature,
+            bytecode=self._compiled.__code__,
+            guard_manager=self._guard_manager,
+            guards_state=self._guards_state,
+            import_sources={name: ref[1] for name, ref in entry.globals.items() if ref[0] == "module"},
+            backend_id=backend_id,
+            compiled_fn=compiled_fn,
+            original_code=self._fn.__code__,
+            closure=self._fn.__closure__,
+            source_info=package.source_info,
+            device_type=",".join(sorted(record.devices)) if record is not None and record.devices else "cpu",
+            system_info=SystemInfo.current(),
+            backend_name=package.backend.kind if package.backend is not None else "loaded",
+        )
+
+    def source_info(self) -> SourceInfo:
+        """The sources the function was traced from (itself and what it inlined)."""
+        return self._package.source_info
 
     def disable_guard_check(self) -> None:
         """Run without checking guards (inputs are trusted to match the example)."""
@@ -211,11 +288,13 @@ class AOTCompiledFunction:
                     from torch._dynamo.guards import strip_local_scope
 
                     reason = strip_local_scope(reason)
+                # Upstream's sentence first (code written for upstream matches
+                # it), then what to do about it.
                 raise RuntimeError(
-                    f"aot_compile'd {self._fn.__qualname__} was called with inputs its "
-                    f"guards reject: {reason}. Call it like the example it was compiled "
-                    "for, compile it again for these inputs, or call "
-                    "disable_guard_check() to skip the check"
+                    f"GuardManager check failed, reason: {reason}. aot_compile'd "
+                    f"{self._fn.__qualname__} was called with inputs its guards reject: "
+                    "call it like the example it was compiled for, compile it again "
+                    "for these inputs, or call disable_guard_check() to skip the check"
                 )
         return self._run(*args, **kwargs)
 
@@ -310,6 +389,8 @@ def aot_compile_fullgraph(fn, backend, example_inputs, guard_filter_fn=None) -> 
     if not isinstance(fn, types.FunctionType):
         raise TypeError(f"aot_compile needs a Python function or an nn.Module, not {fn!r}")
     package = _compile_fullgraph(fn, backend, args, kwargs, guard_filter_fn)
+    # The function's own source is one of those it was traced from.
+    package.source_info.add_code(fn.__code__)
     _check_custom_backend_output(package)
     if len(package.entries) != 1:
         reasons = "; ".join(package._unsaveable) or "no entry was recorded"

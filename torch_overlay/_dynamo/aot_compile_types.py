@@ -8,18 +8,23 @@ the class of the callable the backend returned: it subclasses
 into bytes and bytes back into a callable. The class is found again by module and
 qualified name when loading, so it must be defined at module level.
 
-Provides :class:`SerializableCallable` and :class:`GraphModuleSerializableCallable`
-(a ready-made one that runs the Dynamo graph as it is).
+Provides :class:`SerializableCallable`, :class:`GraphModuleSerializableCallable`
+(a ready-made one that runs the Dynamo graph as it is) and
+:class:`BundledAOTAutogradSerializableCallable` (upstream's name for a graph
+AOTAutograd compiled, saved with its compiled artifacts; here it wraps a
+:class:`BundledGraph`, a builtin backend's graph in the package's graph format).
 """
 
 from __future__ import annotations
 
 import abc
+import io
 import logging
 import pickle
-from typing import Any
+from typing import Any, Optional
 
 import torch
+from torch._dynamo.exc import PackageError
 
 
 log = logging.getLogger(__name__)
@@ -72,3 +77,82 @@ class GraphModuleSerializableCallable(SerializableCallable):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.graph_module(*args, **kwargs)
+
+
+class BundledGraph:
+    """A graph compiled through a builtin backend (eager, aot_eager, Inductor)
+    with what saving it needs: its compile record, or the bytes it was loaded
+    from (kept, so a loaded graph saves again as it was read)."""
+
+    def __init__(self, compiled: Any, record: Any = None, data: Optional[bytes] = None) -> None:
+        if record is None and data is None:
+            raise AssertionError("a BundledGraph needs its compile record or its bytes")
+        self.compiled = compiled
+        self._record = record
+        self._data = data
+
+    def serialize(self) -> bytes:
+        """The graph and the kernel binaries it runs, as bytes of builtins."""
+        if self._data is None:
+            from torch._dynamo.package_artifacts import serialize_graph
+
+            graph, kernels = serialize_graph(self._record)
+            self._data = pickle.dumps({"graph": graph, "kernels": kernels}, protocol=pickle.HIGHEST_PROTOCOL)
+        return self._data
+
+    @classmethod
+    def from_bytes(cls, data: bytes, name: str = "<bundled graph>") -> BundledGraph:
+        """The graph ``serialize`` wrote, read with the package's checks (the
+        graph allow-list; kernels only from the bytes; PackageError on damage)."""
+        from torch._dynamo.package import _BuiltinsOnlyUnpickler
+        from torch._dynamo.package_artifacts import deserialize_graph, redirect_to_kernel_binaries
+
+        try:
+            payload = _BuiltinsOnlyUnpickler(io.BytesIO(data)).load()
+        except PackageError:
+            raise
+        except Exception as e:
+            raise PackageError(f"{name}: damaged bundled graph: {e!r}"[:400]) from e
+        if not (
+            isinstance(payload, dict)
+            and isinstance(payload.get("graph"), bytes)
+            and isinstance(payload.get("kernels"), dict)
+            and all(isinstance(v, bytes) for v in payload["kernels"].values())
+        ):
+            raise PackageError(f"{name}: not a bundled graph (graph bytes and kernel binaries)")
+        redirect = redirect_to_kernel_binaries(payload["kernels"], "torch_bundled_graph_kernels_")
+        compiled = deserialize_graph(payload["graph"], redirect, name)
+        graph = cls(compiled, data=data)
+        # The kernels' files live as long as the graph that loads them.
+        graph._kernel_redirect = redirect  # type: ignore[attr-defined]
+        return graph
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.compiled(*args, **kwargs)
+
+
+class BundledAOTAutogradSerializableCallable(SerializableCallable):
+    """A graph AOTAutograd compiled (aot_eager, Inductor), saved with its
+    compiled forward, backward and kernels bundled (upstream's name: its
+    ``compiled_fn`` has ``serialize()``)."""
+
+    def __init__(self, compiled_fn: Any) -> None:
+        if not hasattr(compiled_fn, "serialize"):
+            raise AssertionError(f"compiled_fn must have a 'serialize' method, got {type(compiled_fn)}")
+        self.compiled_fn = compiled_fn
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr == "compiled_fn":
+            raise AttributeError(attr)
+        return getattr(self.compiled_fn, attr)
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: BundledAOTAutogradSerializableCallable) -> bytes:
+        return fn.compiled_fn.serialize()
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> BundledAOTAutogradSerializableCallable:
+        return cls(BundledGraph.from_bytes(data))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.compiled_fn(*args, **kwargs)

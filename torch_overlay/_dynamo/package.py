@@ -32,13 +32,11 @@ import os
 import pickle
 import shutil
 import sys
-import tempfile
 import threading
 import time
 import types
 import warnings
 import weakref
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
@@ -1527,9 +1525,10 @@ class CompilePackage:
         started = time.perf_counter()
         manifest = check_manifest_schema(manifest, path)
         check_files(files, manifest, path)
+        saved_sources = SourceInfo.from_fields(manifest.get("inlined_sources", []), path)
         if not self._ignore_inlined_sources:
             try:
-                SourceInfo.from_fields(manifest.get("inlined_sources", []), path).check_unchanged()
+                saved_sources.check_unchanged()
             except RuntimeError as e:
                 raise PackageError(f"package {path}: {e}") from e
         entries = _read_entries(files, path)
@@ -1558,6 +1557,7 @@ class CompilePackage:
             {name[len("graphs/") : -len(".bin")]: files[name] for name in files if name.startswith("graphs/")}
         )
         self._entries_from_packages |= {id(entry) for entry in entries}
+        self.source_info.inlined_sources |= saved_sources.inlined_sources
         skips = [entry for entry in entries if not entry.out_code]
         self.skipped.extend(skips)
         self._loaded_skips.extend(skips)
@@ -1969,20 +1969,10 @@ class _DDPSplitGraph(SerializableCallable):
 
     @classmethod
     def deserialize_compile_artifacts(cls, data: bytes) -> Any:
-        from .package_artifacts import deserialize_graph
+        from .package_artifacts import deserialize_graph, redirect_to_kernel_binaries
 
         payload = pickle.loads(data)
-        kernel_paths = {}
-        if payload["kernels"]:
-            # Kernel binaries must be files to be loaded; these go with the graph.
-            kernel_dir = Path(tempfile.mkdtemp(prefix="torch_package_ddp_kernels_"))
-            for digest, blob in payload["kernels"].items():
-                (kernel_dir / f"{digest}.so").write_bytes(blob)
-                kernel_paths[digest] = str(kernel_dir / f"{digest}.so")
-            _trust_recorded_vec_isa()
-        redirect = _KernelRedirect(kernel_paths)
-        if kernel_paths:
-            weakref.finalize(redirect, shutil.rmtree, str(kernel_dir), True)
+        redirect = redirect_to_kernel_binaries(payload["kernels"], "torch_package_ddp_kernels_")
         outer = payload["outer"]
         for target, blob in payload["pieces"].items():
             piece = outer.get_submodule(target)

@@ -54,6 +54,7 @@ import shutil
 import sys
 import tempfile
 import types
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -1451,6 +1452,26 @@ def _check_packaged_kernels(payload: dict, redirect: _KernelRedirect, name: str)
                     f"packaged graph {name} ({field}) loads kernel {digest}, which is not "
                     "in its package (a kernel is never compiled at load)"
                 )
+
+
+def redirect_to_kernel_binaries(kernels: dict[str, bytes], prefix: str) -> _KernelRedirect:
+    """A redirect to copies of ``kernels`` (kernel hash -> .so bytes) written to a
+    temporary directory, removed with the redirect (or at exit)."""
+    kernel_paths: dict[str, str] = {}
+    if not kernels:
+        return _KernelRedirect(kernel_paths)
+    # Kernel binaries must be files to be loaded.
+    kernel_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    for digest, blob in kernels.items():
+        if not (isinstance(digest, str) and len(digest) == 64 and set(digest) <= set("0123456789abcdef")):
+            shutil.rmtree(kernel_dir, ignore_errors=True)
+            raise PackageError(f"kernel name {str(digest)[:80]!r} is not a kernel hash")
+        (kernel_dir / f"{digest}.so").write_bytes(blob)
+        kernel_paths[digest] = str(kernel_dir / f"{digest}.so")
+    _trust_recorded_vec_isa()
+    redirect = _KernelRedirect(kernel_paths)
+    weakref.finalize(redirect, shutil.rmtree, str(kernel_dir), True)
+    return redirect
 
 
 def _trust_recorded_vec_isa() -> None:
