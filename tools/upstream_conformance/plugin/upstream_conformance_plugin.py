@@ -15,8 +15,6 @@ from __future__ import annotations
 import sys
 import types
 
-import torch
-
 
 # What this plugin supplies: (module, name) -> the upstream PR that added it.
 SUPPLIED: dict[tuple[str, str], str] = {}
@@ -28,6 +26,8 @@ class FeatureNotInBase(NotImplementedError):
 
 def _missing(feature: str, pr: str):
     def call(*args, **kwargs):
+        import torch
+
         raise FeatureNotInBase(
             f"{feature} (pytorch#{pr}) is not in torch {torch.__version__}; the "
             "conformance plugin supplies its name only so that upstream's test file imports"
@@ -115,11 +115,44 @@ def _regional_inductor() -> None:
     )
 
 
-def pytest_configure(config) -> None:
+def supply_all() -> None:
+    """Supply every name above (idempotent)."""
     _opaque_objects()
     _test_utilities()
     _joint_with_descriptors()
     _regional_inductor()
+
+
+# NOTE: [Stand-ins in spawned processes]
+# Some upstream tests run a function of the test file in a process started with
+# multiprocessing's spawn method; that process imports the test file again by
+# module name, without pytest and so without this plugin, and a file that
+# imports a stand-in at module level would fail there (its parent then waits
+# forever on the child's result queue). sitecustomize.py beside this file (the
+# run puts this directory on PYTHONPATH, which children inherit) installs
+# UpstreamTestFileFinder: before a module named like one of upstream's test
+# files is loaded, the stand-ins are supplied. It finds nothing itself.
+TEST_FILE_MODULES = ("test_aot_compile", "test_package", "test_guard_serialization", "test_precompile_context")
+
+
+class UpstreamTestFileFinder:
+    """A meta path finder that supplies the stand-ins before an upstream test
+    file is imported, and leaves finding the file to the other finders."""
+
+    @staticmethod
+    def find_spec(fullname, path=None, target=None):
+        if fullname.rpartition(".")[2] in TEST_FILE_MODULES:
+            supply_all()
+        return None
+
+
+def install_test_file_finder() -> None:
+    if not any(isinstance(f, UpstreamTestFileFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, UpstreamTestFileFinder())
+
+
+def pytest_configure(config) -> None:
+    supply_all()
     config.stash[_SUPPLIED_KEY] = dict(SUPPLIED)
 
 
