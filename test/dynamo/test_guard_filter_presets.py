@@ -11,7 +11,6 @@ set_stance("fail_on_recompile"), and with aot_compile.
 
 import functools
 import json
-import unittest
 
 import torch
 import torch._dynamo.test_case
