@@ -1609,7 +1609,7 @@ class _ObjectCodec(StandInCodec):
             if isinstance(cls, UnresolvedName):
                 return cls
             return UnresolvedName(stand_in.cls.module, getattr(stand_in.cls, "path", ""))
-        base = _safe_base(cls)
+        base: Any = _safe_base(cls)
         if base is None:
             return UnresolvedName(cls.__module__, cls.__qualname__)
         try:

@@ -56,7 +56,7 @@ import tempfile
 import types
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, cast, Optional
 
 import torch
 from torch._dynamo.exc import PackageError
@@ -208,9 +208,9 @@ def _decode_constant(data, depth: int = 0):
         if type(value) is not wanted:
             raise PackageError(f"a {kind} constant names {fields[0][:40]!r}, which is not one")
         if kind == "finfo":
-            return torch.finfo(value)
+            return torch.finfo(cast(torch.dtype, value))
         if kind == "iinfo":
-            return torch.iinfo(value)
+            return torch.iinfo(cast(torch.dtype, value))
         return value
     if kind in ("tuple", "frozenset"):
         items = tuple(_decode_constant(v, depth + 1) for v in fields[0])
@@ -1262,7 +1262,7 @@ def _fx_graph_as_data(gm) -> Optional[dict]:
     if not isinstance(gm, torch.fx.GraphModule) or type(gm.graph._codegen) is not torch.fx.graph.CodeGen:
         return None
     nodes = []
-    attrs = {}
+    attrs: dict[str, Any] = {}
     try:
         for node in gm.graph.nodes:
             target = node.target
