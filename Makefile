@@ -17,7 +17,7 @@ DIFF_ARGS ?=
 
 
 .PHONY: agree-overlay-wheel
-.PHONY: venv ext lint test test-overlay test-wheel wheel wheel-venv export export-check export-check-imports status edit refresh clean demo bench-guards bench-load bench-signing fuzz
+.PHONY: venv ext lint test test-overlay test-wheel wheel wheel-venv export export-check export-check-imports status edit refresh clean demo bench-guards bench-load bench-load-serving bench-signing fuzz
 
 # Other supported bases (a series in patches/v<BASE>/series; the overlay picks the
 # series of the installed torch): `make venv BASE=2.6.0` / `make test BASE=2.6.0`
@@ -248,6 +248,11 @@ bench-guards: venv
 
 bench-load: venv upstream-venv
 	$(PY) benchmarks/load_time.py
+
+# The serving row: spawn to the first generated token of a tiny Llama
+# (NOTE: [Serving row] in benchmarks/load_time.py).
+bench-load-serving: venv upstream-venv
+	$(PY) benchmarks/load_time.py --serving $(BENCH_ARGS)
 
 # Signing cost of compile packages (benchmarks/package_signing.py): save and load
 # with and without a signature, fresh processes.
