@@ -207,14 +207,15 @@ export-check-imports: export
 UPSTREAM_TORCH := 2.13.0
 UPSTREAM_VENV := .venv-upstream
 UPSTREAM_PY := $(abspath $(UPSTREAM_VENV))/bin/python
-UPSTREAM_STAMP := $(UPSTREAM_VENV)/.upstream-torch-installed
+# transformers: the precompile probes' serving zoo (GPT-2, Llama) runs on 2.13 too.
+UPSTREAM_STAMP := $(UPSTREAM_VENV)/.upstream-torch-installed-transformers-$(ZOO_TRANSFORMERS)
 DIFF_DIR := $(BUILD)/diff-upstream
 
 .PHONY: upstream-venv diff-upstream
 
 $(UPSTREAM_STAMP):
 	test -x $(UPSTREAM_PY) || $(PYTHON_BOOT) -m venv $(UPSTREAM_VENV)
-	$(UPSTREAM_PY) -m pip install "torch==$(UPSTREAM_TORCH)" pytest expecttest numpy
+	$(UPSTREAM_PY) -m pip install "torch==$(UPSTREAM_TORCH)" pytest expecttest numpy "transformers==$(ZOO_TRANSFORMERS)"
 	touch $@
 
 upstream-venv: $(UPSTREAM_STAMP)
