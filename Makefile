@@ -221,7 +221,8 @@ $(UPSTREAM_STAMP):
 upstream-venv: $(UPSTREAM_STAMP)
 
 diff-upstream: venv wheel-venv upstream-venv
-	$(PY) $(BEHAVIOUR_DIFF) --out $(DIFF_DIR) $(DIFF_ARGS)
+	$(PY) $(BEHAVIOUR_DIFF) --out $(DIFF_DIR) \
+		$(if $(wildcard $(CONFORMANCE_REPORT)),--conformance $(CONFORMANCE_REPORT)) $(DIFF_ARGS)
 
 # Upstream conformance (tools/upstream_conformance/run_conformance.py): torch 2.13's
 # own precompile test files (../shared/upstream-tests/2.13, run UNCHANGED, never
@@ -231,12 +232,16 @@ diff-upstream: venv wheel-venv upstream-venv
 # Report: $(BUILD)/upstream-conformance/report.md. CONFORMANCE_ARGS adds options
 # (e.g. --files test/dynamo/test_package.py, --envs overlay).
 UPSTREAM_TESTS := $(abspath ../shared/upstream-tests/2.13)
+# Torch 2.13 itself runs them too (the `upstream` column), so the behaviour diff
+# can show the three side by side: `make diff-upstream` includes the last report.
 CONFORMANCE_ARGS ?=
+CONFORMANCE_ENVS ?= overlay,wheel,upstream
+CONFORMANCE_REPORT := $(BUILD)/upstream-conformance/report.json
 .PHONY: upstream-conformance
 
-upstream-conformance: venv wheel-venv
+upstream-conformance: venv wheel-venv upstream-venv
 	$(PY) tools/upstream_conformance/run_conformance.py --tests-root $(UPSTREAM_TESTS) \
-		--out $(BUILD)/upstream-conformance $(CONFORMANCE_ARGS)
+		--envs $(CONFORMANCE_ENVS) --out $(BUILD)/upstream-conformance $(CONFORMANCE_ARGS)
 
 # The README's main job: compile with a package, load it in a fresh process with
 # an empty inductor cache, nothing recompiles.

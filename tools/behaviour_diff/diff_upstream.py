@@ -1351,12 +1351,67 @@ def render_test_outcomes(report: dict) -> list[str]:
 
 
 # The report's sections, in order.
+# NOTE: [Upstream conformance in the behaviour diff]
+# --conformance names the report.json of make upstream-conformance
+# (tools/upstream_conformance/run_conformance.py: upstream's own precompile test
+# files run unchanged, per environment, beside 2.13's recorded CPU results). Its
+# per-file counts for every environment it ran (2.13 itself included when run
+# with --envs ...,upstream) and the tests whose outcome differs between them
+# become one section of this report, so the suite, the probes and upstream's
+# tests are compared in one place. The conformance run decides its own exit
+# status; this report only shows it.
+
+
+def load_conformance(path: Optional[Path]) -> Optional[dict]:
+    if path is None:
+        return None
+    if not path.exists():
+        raise SystemExit(f"--conformance {path}: no such report (run make upstream-conformance first)")
+    return json.loads(path.read_text())
+
+
+def render_conformance(report: dict) -> list[str]:
+    conformance = report.get("conformance")
+    if not conformance:
+        return []
+    envs = conformance["environments"]
+    lines = [
+        "## Upstream's precompile tests, unchanged (make upstream-conformance)",
+        "",
+        f"Files: `{md(conformance['tests_root'])}`. Columns: 2.13's recorded CPU result, then each "
+        "environment the conformance run ran (2.13 itself as `upstream` when it ran there).",
+        "",
+        "| file | 2.13 (recorded) | " + " | ".join(envs) + " |",
+        "|---|---|" + "---|" * len(envs),
+    ]
+    per_file: dict[str, dict[str, dict[str, int]]] = {}
+    for row in conformance["rows"]:
+        name = row["test_id"].split("::")[0].rsplit("/", 1)[-1]
+        counts = per_file.setdefault(name, {})
+        for label, outcome in [("2.13 (recorded)", row["expected"]), *row["outcomes"].items()]:
+            counts.setdefault(label, {"passed": 0, "failed": 0, "skipped": 0})[outcome] += 1
+
+    def cell(c: dict[str, int]) -> str:
+        return f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped"
+
+    for name, counts in sorted(per_file.items()):
+        lines.append(f"| {md(name)} | {cell(counts['2.13 (recorded)'])} | " + " | ".join(cell(counts[e]) for e in envs) + " |")
+    lines += ["", "Tests whose outcome here differs from 2.13's:", ""]
+    differing = [r for r in conformance["rows"] if any(r["outcomes"][e] != r["expected"] for e in envs if e != "upstream")]
+    for row in differing:
+        outcomes = ", ".join(f"{e} {row['outcomes'][e]}" for e in envs)
+        lines.append(f"- `{md(row['test_id'].rsplit('/', 1)[-1])}`: 2.13 {row['expected']}, {outcomes}; {row['kind'] or 'no entry'}: {md(row['reason'])}")
+    lines.append("")
+    return lines
+
+
 REPORT_SECTIONS = (
     render_header,
     render_summary,
     render_bugs,
     render_disagreements,
     render_precompile,
+    render_conformance,
     render_guard_versus_upstream,
     render_probe_statuses,
     render_guard_type_coverage,
@@ -1423,6 +1478,12 @@ def make_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also exit 1 on an UNEXPECTED overlay-vs-upstream probe difference or a "
         "loaded-vs-reference mismatch",
+    )
+    parser.add_argument(
+        "--conformance",
+        type=Path,
+        default=None,
+        help="report.json of make upstream-conformance to include (NOTE: [Upstream conformance in the behaviour diff])",
     )
     parser.add_argument("--expected", type=Path, default=EXPECTED_DIFFERENCES)
     parser.add_argument("--precompile-expected", type=Path, default=PRECOMPILE_EXPECTED_DIFFERENCES)
@@ -1567,6 +1628,7 @@ def main(argv=None) -> int:
     runs = run_environments(args, environments)
     report = build_report(args, environments, runs.infos, runs.tests, runs.probes, started)
     add_precompile_report(report, args, runs.precompile)
+    report["conformance"] = load_conformance(args.conformance)
     (args.out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     (args.out / "report.md").write_text(render_markdown(report))
     print(f"report: {args.out / 'report.md'} ({report['seconds']} s)")
