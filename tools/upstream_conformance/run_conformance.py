@@ -309,6 +309,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     tests_root = args.tests_root.resolve()
+    # pytest runs in the tests' folder: its junit path must not be relative.
+    args.out = args.out.resolve()
     expected_all: dict[str, dict[str, str]] = json.loads((tests_root / EXPECTED_FILE).read_text())
     files = [f for f in args.files.split(",") if f] or sorted(expected_all)
     expected = {f"{f}::{t}": outcome for f in files for t, outcome in expected_all[f].items()}
