@@ -173,9 +173,7 @@ def _serializable_graph(package: CompilePackage, entry, f_globals: dict) -> tupl
         return backend_id, GraphModuleSerializableCallable(record.gm)
     if record is not None:
         return backend_id, BundledAOTAutogradSerializableCallable(BundledGraph(compiled, record=record))
-    blob = package._loaded_graph_blobs[backend_id]
-    kernels = dict(package._loaded_kernels)
-    data = pickle.dumps({"graph": blob, "kernels": kernels}, protocol=pickle.HIGHEST_PROTOCOL)
+    data = BundledGraph.bundle(package._loaded_graph_blobs[backend_id], dict(package._loaded_kernels))
     return backend_id, BundledAOTAutogradSerializableCallable(BundledGraph(compiled, data=data))
 
 

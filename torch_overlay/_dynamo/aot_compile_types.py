@@ -96,9 +96,13 @@ class BundledGraph:
         if self._data is None:
             from torch._dynamo.package_artifacts import serialize_graph
 
-            graph, kernels = serialize_graph(self._record)
-            self._data = pickle.dumps({"graph": graph, "kernels": kernels}, protocol=pickle.HIGHEST_PROTOCOL)
+            self._data = self.bundle(*serialize_graph(self._record))
         return self._data
+
+    @staticmethod
+    def bundle(graph: bytes, kernels: dict[str, bytes]) -> bytes:
+        """The bytes of a graph artifact and its kernel binaries (``from_bytes`` reads them)."""
+        return pickle.dumps({"graph": graph, "kernels": kernels}, protocol=pickle.HIGHEST_PROTOCOL)
 
     @classmethod
     def from_bytes(cls, data: bytes, name: str = "<bundled graph>") -> BundledGraph:

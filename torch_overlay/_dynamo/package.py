@@ -1092,10 +1092,11 @@ class CompilePackage:
     def validate(self) -> None:
         """RuntimeError unless every entry a save would keep can be found again
         in a fresh process (resume functions with their callers, functions by name)."""
-        entries = self.entries + self.skipped
-        dropped = len(entries) - len(self._keep_resolvable(list(entries)))
-        if dropped:
-            raise RuntimeError(f"compile package: {dropped} entries cannot be loaded in a fresh process")
+        _, reasons = self._resolvable(self.entries + self.skipped)
+        if reasons:
+            raise RuntimeError(
+                f"compile package: {len(reasons)} entries cannot be loaded in a fresh process: {reasons[0]}"
+            )
 
     def cache_entry(self) -> _DynamoCacheEntry:
         """The Dynamo half of this package (NOTE: [Packages in upstream's shape])."""
@@ -1433,7 +1434,16 @@ class CompilePackage:
     def _keep_resolvable(self, entries: list[_Entry]) -> list[_Entry]:
         """The entries a fresh process can find the code of; the others are left
         out with a warning naming them (NOTE: [Keys of package entries])."""
+        kept, reasons = self._resolvable(entries)
+        for reason in reasons:
+            self._leave_out(reason)
+        return kept
+
+    def _resolvable(self, entries: list[_Entry]) -> tuple[list[_Entry], list[str]]:
+        """The entries a fresh process can find the code of, and why each other
+        one cannot be found (nothing recorded, nothing warned)."""
         kept = list(entries)
+        reasons: list[str] = []
         while True:
             # Resume functions a fresh process gets from the package: those the
             # saved bytecode calls (installed globals) or builds (closures).
@@ -1452,12 +1462,12 @@ class CompilePackage:
                 if reason is None:
                     still_kept.append(entry)
                 else:
-                    self._leave_out(
+                    reasons.append(
                         f"torch.compile package: the entry for {_describe_key(entry.code_key)} "
                         f"is not saved: a fresh process could not find its code: {reason}"
                     )
             if len(still_kept) == len(kept):
-                return kept
+                return kept, reasons
             # A dropped entry may have carried the code of a resume entry.
             kept = still_kept
 
@@ -2257,8 +2267,6 @@ def _compile_package_cache_entry(package: CompilePackage) -> _DynamoCacheEntry:
     split = PrecompileCacheEntry.from_files(files, manifest, package.path or "<package>")
     for artifact in split.backends.values():
         PrecompileContext.record_artifact(artifact)
-    split.dynamo.source_info = package.source_info
-    split.dynamo.manifest["inlined_sources"] = package.source_info.as_fields()
     split.dynamo.system_info = SystemInfo.current()
     split.dynamo.manifest.update(
         {"toolkit_version": split.dynamo.system_info.toolkit_version, "gpu_name": split.dynamo.system_info.gpu_name}
