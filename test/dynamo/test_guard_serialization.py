@@ -665,6 +665,20 @@ class TestGuardSerialization(GuardSerializationTestCase):
             message,
         )
 
+    def test_id_match_on_static_address_tensor_is_refused_naming_why(self):
+        # Traced without a package (a compile for one takes the tensor as an
+        # input: NOTE: [Static addresses under a compile package]), the tensor
+        # is a graph attribute under an identity guard no process can replay.
+        cache = torch.zeros(4)
+        torch._dynamo.mark_static_address(cache)
+
+        def fn(x, cache):
+            return x + cache
+
+        with self.assertRaisesRegex(PackageError, "^ID_MATCH guard cannot be serialized") as ctx:
+            build_check_fn_manager(fn, (torch.ones(4), cache), guard_types=("ID_MATCH",))
+        self.assertIn("mark_static_address(t, guard=False)", str(ctx.exception))
+
     def test_id_match_on_local_class_whose_instance_is_also_guarded(self):
         # The instance is saved (its class rebuilt), the class's identity is not.
         class Local:

@@ -372,6 +372,11 @@ def _scaled_sum(x):
     return (x.sin() + x.cos() * 2).sum(0)
 
 
+def _write_into(cache, row):
+    cache[1].copy_(row * 2)
+    return cache.sum()
+
+
 class PackageTestCase(torch._dynamo.test_case.TestCase):
     def setUp(self):
         super().setUp()
@@ -552,6 +557,43 @@ class TestPackage(PackageTestCase):
         manifest = json.loads((Path(package_dir) / "manifest.json").read_text())
         # the caller, the helper, and the resume function of each
         self.assertEqual(manifest["entries"], 4)
+
+    @parametrize("under_package", [True, False])
+    def test_static_address_tensor(self, under_package):
+        # mark_static_address(t) (guard=True, as StaticCache marks its tensors):
+        # a compile for a package takes t as a graph input with TENSOR_MATCH
+        # guards, so another tensor of its kind hits; a compile without one
+        # keeps 2.7.1's identity guard. See NOTE: [Static addresses under a
+        # compile package].
+        from torch._dynamo.utils import counters
+
+        def fresh_cache():
+            cache = torch.zeros(4, 3)
+            torch._dynamo.mark_static_address(cache)
+            return cache
+
+        options = {"package": str(self.tmp / "pkg")} if under_package else {}
+        compiled = torch.compile(_write_into, backend="eager", fullgraph=True, **options)
+        counters.clear()
+        caches = [fresh_cache(), fresh_cache()]
+        for cache in caches:
+            compiled(cache, torch.ones(3))
+        self.assertEqual(counters["stats"]["unique_graphs"], 1 if under_package else 2)
+        for cache in caches:
+            self.assertEqual(cache[1].tolist(), [2.0, 2.0, 2.0])
+        if under_package:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                compiled.save_package()
+            torch._dynamo.reset()
+            compiled = torch.compile(_write_into, backend="eager", fullgraph=True, **options)
+            compiled.load_package()
+            counters.clear()
+            cache = fresh_cache()
+            with torch.compiler.set_stance("fail_on_recompile"):
+                compiled(cache, torch.ones(3))
+            self.assertEqual(counters["stats"]["unique_graphs"], 0)
+            self.assertEqual(cache[1].tolist(), [2.0, 2.0, 2.0])
 
     def test_package_with_nothing_in_it_warns_at_save(self):
         compiled = torch.compile(_scaled_sum, backend="eager", package=str(self.tmp / "pkg"))

@@ -146,21 +146,22 @@ class _StandInConverter:
         if _is_local_class(obj):
             raise local_class_refusal(guard_type, source_name, obj)
         if getattr(obj, "_dynamo_static_input_type", None) == "guarded":
-            # torch._dynamo.mark_static_address(t) (guard=True; Hugging Face's
-            # StaticCache marks its key/value tensors so): Dynamo 2.7.1 bakes the
-            # tensor into the graph as a constant and guards its identity, so
-            # the entry only ever serves that one tensor object.
+            # torch._dynamo.mark_static_address(t) (guard=True) in a frame
+            # traced without a compile package: Dynamo 2.7.1 bakes the tensor
+            # into the graph and guards its identity, so the entry only ever
+            # serves that one tensor object. A compile for a package takes the
+            # tensor as an input instead (See NOTE: [Static addresses under a
+            # compile package] in variables/builder.py).
             raise PackageError(
                 refusal_message(
                     guard_type,
                     source_name,
                     "it guards on the identity of a tensor marked with "
-                    "torch._dynamo.mark_static_address(t) (guard=True, as Hugging Face's "
-                    "StaticCache marks its key/value tensors), which Dynamo 2.7.1 bakes "
-                    "into the graph: no other process has that tensor. Mark it with "
-                    "torch._dynamo.mark_static_address(t, guard=False) so that Dynamo "
-                    "takes it as an input (for a StaticCache, re-mark cache.key_cache and "
-                    "cache.value_cache and pass the cache to generate() as past_key_values)",
+                    "torch._dynamo.mark_static_address(t) (guard=True), which Dynamo "
+                    "2.7.1 bakes into a graph traced without a compile package: no other "
+                    "process has that tensor. Compile the frame with torch.compile(..., "
+                    "package=...) or aot_compile (either takes it as an input), or mark "
+                    "it with torch._dynamo.mark_static_address(t, guard=False)",
                 )
             )
         raise PackageError(
