@@ -381,11 +381,11 @@ def greedy_decode(fn, out, steps: int) -> list[int]:
     return tokens
 
 
-def greedy_generate(model, prompt: torch.Tensor, steps: int) -> list[int]:
+def greedy_generate(model, prompt: torch.Tensor, steps: int, **options) -> list[int]:
     with torch.no_grad():
         out = model.generate(
             prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=steps,
-            min_new_tokens=steps, pad_token_id=0, do_sample=False,
+            min_new_tokens=steps, pad_token_id=0, do_sample=False, **options,
         )
     return out[0, -steps:].tolist()
 
@@ -463,6 +463,39 @@ def _generate_save(_: Path) -> None:
     model = build_serving_model("gpt2")
     model.forward = compile_serving(model.forward)
     greedy_generate(model, serving_prompt(SERVING_SAVE_PROMPT), SERVING_SAVE_STEPS)
+    torch.compiler.save_cache_artifacts()
+
+
+def _static_cache_battery(_: Path) -> Iterator[Step]:
+    model = build_serving_model("llama")
+    eager = build_serving_model("llama")
+    model.forward = torch.compile(model.forward, backend="inductor", dynamic=True, fullgraph=True)
+    prompt = serving_prompt(SERVING_LOAD_PROMPT)
+    yield Step(
+        f"generate(cache_implementation='static'), a {SERVING_LOAD_PROMPT}-token prompt, "
+        f"{SERVING_LOAD_STEPS} tokens",
+        lambda: greedy_generate(model, prompt, SERVING_LOAD_STEPS, cache_implementation="static"),
+        lambda: greedy_generate(eager, prompt, SERVING_LOAD_STEPS, cache_implementation="static"),
+    )
+
+
+@probe(
+    "serving_llama_static_cache",
+    CACHING_PRECOMPILE,
+    "inductor",
+    "Llama generate(..., cache_implementation='static') over model.forward = "
+    "torch.compile(model.forward, fullgraph=True, dynamic=True), as Hugging Face documents: "
+    "the StaticCache marks its tensors with mark_static_address (guard=True). Saved after a "
+    f"{SERVING_SAVE_PROMPT}-token prompt and {SERVING_SAVE_STEPS} new tokens, loaded and run on "
+    f"a {SERVING_LOAD_PROMPT}-token prompt for {SERVING_LOAD_STEPS} (NOTE: [Serving probes]).",
+    battery=_static_cache_battery,
+)
+def _static_cache_save(_: Path) -> None:
+    model = build_serving_model("llama")
+    model.forward = torch.compile(model.forward, backend="inductor", dynamic=True, fullgraph=True)
+    greedy_generate(
+        model, serving_prompt(SERVING_SAVE_PROMPT), SERVING_SAVE_STEPS, cache_implementation="static"
+    )
     torch.compiler.save_cache_artifacts()
 
 
