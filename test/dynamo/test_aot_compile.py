@@ -716,6 +716,45 @@ class TestAOTAutogradCacheEntryBytes(torch._dynamo.test_case.TestCase):
             self.assertEqual(pickle.loads(fresh.serialize()).compiled_fw, fresh.compiled_fw)
 
 
+class TestSerializedCode(torch._dynamo.test_case.TestCase):
+    """torch._dynamo.package.SerializedCode, upstream's picklable code object."""
+
+    def test_round_trip_with_nested_code_and_pickle(self):
+        from torch._dynamo.package import SerializedCode
+
+        def outer(x, *, k=2):
+            def inner(y):
+                return y * k
+
+            return inner(x) + len({"a": 1})
+
+        serialized = SerializedCode.from_code_object(outer.__code__)
+        nested = [c for c in serialized.co_consts if isinstance(c, SerializedCode)]
+        self.assertEqual([c.co_name for c in nested], ["inner"])
+        # identity-cached in both directions
+        self.assertIs(SerializedCode.from_code_object(outer.__code__), serialized)
+        code = SerializedCode.to_code_object(serialized)
+        self.assertIs(SerializedCode.to_code_object(serialized), code)
+        self.assertEqual(code, outer.__code__)
+        unpickled = pickle.loads(pickle.dumps(serialized))
+        self.assertEqual(unpickled, serialized)
+        rebuilt = type(outer)(SerializedCode.to_code_object(unpickled), globals())
+        self.assertEqual(rebuilt(3, k=2), 7)
+
+    def test_unhashable_constant(self):
+        from torch._dynamo.package import SerializedCode
+
+        def foo():
+            pass
+
+        serialized = SerializedCode.from_code_object(foo.__code__)
+        # A frozen dataclass: upstream's test sets a field the same way.
+        object.__setattr__(serialized, "co_consts", serialized.co_consts + ({1: 2},))
+        code = SerializedCode.to_code_object(serialized)
+        self.assertEqual(code.co_consts[-1], {1: 2})
+        self.assertEqual(SerializedCode.from_code_object(code), serialized)
+
+
 class TestGuardsStateEntryPoints(torch._dynamo.test_case.TestCase):
     """torch._dynamo.package.load_guards_state / load_guard_manager, upstream's
     signatures and behaviour."""

@@ -67,6 +67,7 @@ from .package_artifacts import (
     PACKAGE_FORMAT_VERSION,
     serialize_graph,
 )
+from .package_artifacts import SerializedCode  # noqa: F401 (upstream's name)
 from .package_trust import (
     check_files,
     check_manifest_schema,

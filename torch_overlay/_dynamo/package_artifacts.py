@@ -60,6 +60,7 @@ from typing import Any, Callable, cast, Optional
 
 import torch
 from torch._dynamo.exc import PackageError
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .package_trust import load_graph_pickle, load_inductor_payload
 
@@ -331,6 +332,82 @@ def load_code(data: bytes, what: str) -> types.CodeType:
     if placed:
         raise PackageError(f"{what}: a constant of its bytecode is placed where there is none")
     return filled
+
+
+# NOTE: [SerializedCode]
+# Upstream's picklable form of a code object (torch._dynamo.package.SerializedCode):
+# a frozen dataclass of the code's fields in the order types.CodeType takes them
+# (bytecode_transformation.get_code_keys), nested code objects among the
+# constants turned into SerializedCode too. Conversions are cached by the
+# identity of what is converted, never by its hash: a code object or a
+# SerializedCode may hold an unhashable constant (a dict), and equal code objects
+# compiled in different places must not share one conversion. A package stores
+# code as dump_code's bytes, which check every constant at load; SerializedCode
+# is for code that pickles, as upstream uses it.
+_SERIALIZED_CODE_CACHE = WeakIdKeyDictionary()
+
+
+def _code_keys() -> list[str]:
+    from torch._dynamo.bytecode_transformation import get_code_keys
+
+    return get_code_keys()
+
+
+@dataclasses.dataclass(frozen=True)
+class SerializedCode:
+    """A code object as a picklable dataclass (NOTE: [SerializedCode])."""
+
+    co_argcount: int
+    co_posonlyargcount: int
+    co_kwonlyargcount: int
+    co_nlocals: int
+    co_stacksize: int
+    co_flags: int
+    co_code: bytes
+    co_consts: tuple[Any, ...]
+    co_names: tuple[str, ...]
+    co_varnames: tuple[str, ...]
+    co_filename: str
+    co_name: str
+    co_firstlineno: int
+    co_cellvars: tuple[str, ...]
+    co_freevars: tuple[str, ...]
+    co_linetable: Optional[bytes] = None
+    co_qualname: Optional[str] = None
+    co_exceptiontable: Optional[bytes] = None
+    co_lnotab: Optional[str] = None
+
+    @classmethod
+    def from_code_object(cls, code: types.CodeType) -> SerializedCode:
+        """``code`` (and the code objects among its constants) as SerializedCode."""
+        cache = _SERIALIZED_CODE_CACHE
+        cached = cache.get(code)
+        if cached is not None:
+            return cached
+        fields = {key: getattr(code, key) for key in _code_keys()}
+        fields["co_consts"] = tuple(
+            cls.from_code_object(c) if isinstance(c, types.CodeType) else c
+            for c in code.co_consts
+        )
+        serialized = cls(**fields)
+        cache[code] = serialized
+        return serialized
+
+    @classmethod
+    def to_code_object(cls, serialized_code: SerializedCode) -> types.CodeType:
+        """The code object ``serialized_code`` describes."""
+        cache = _SERIALIZED_CODE_CACHE
+        cached = cache.get(serialized_code)
+        if cached is not None:
+            return cached
+        fields = {key: getattr(serialized_code, key) for key in _code_keys()}
+        fields["co_consts"] = tuple(
+            cls.to_code_object(c) if isinstance(c, SerializedCode) else c
+            for c in serialized_code.co_consts
+        )
+        code = types.CodeType(*fields.values())
+        cache[serialized_code] = code
+        return code
 
 
 def _sha256(data: bytes) -> str:
