@@ -129,6 +129,13 @@ def helper(x, k):
     return x * k
 
 
+def by_sdp_backend(x, backend):
+    # torch.nn.attention.SDPBackend is a C++ (pybind11) enum, not an enum.Enum.
+    if backend == torch.nn.attention.SDPBackend.MATH:
+        return x + 1
+    return x + 2
+
+
 PARTIAL = functools.partial(helper, k=5)
 
 
@@ -1558,6 +1565,73 @@ class TestGuardSerializationValues(GuardSerializationTestCase):
             rejected=[{"x": torch.ones(2), "c": Color.BLUE}],
         )
 
+    @parametrize("guard_type", ["CONSTANT_MATCH", None])
+    def test_cpp_enum_member(self, guard_type):
+        # NOTE: [Members of C++ enums] in guard_serialization_codecs.py
+        SDPBackend = torch.nn.attention.SDPBackend
+        args = (torch.ones(2), SDPBackend.MATH)
+        if guard_type is None:
+            built, loaded = self.roundtrip_all(by_sdp_backend, args)
+        else:
+            built, loaded = self.roundtrip(by_sdp_backend, args, guard_type)
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "backend": SDPBackend.MATH}],
+            rejected=[
+                {"x": torch.ones(2), "backend": SDPBackend.FLASH_ATTENTION},
+                {"x": torch.ones(2), "backend": SDPBackend.CUDNN_ATTENTION},
+                {"x": torch.ones(2), "backend": 0},
+            ],
+        )
+
+    def test_cpp_enum_class_is_named_where_it_is_exposed(self):
+        # NOTE: [Classes renamed where they are exposed]: its qualname is
+        # _SDPBackend, which torch.nn.attention does not have.
+        from torch._dynamo.guard_serialization import _NamedRef, find_stable_name
+
+        SDPBackend = torch.nn.attention.SDPBackend
+        self.assertEqual(
+            find_stable_name(SDPBackend), _NamedRef("torch.nn.attention", "SDPBackend")
+        )
+
+    def test_cpp_enum_member_the_class_no_longer_has_is_refused_at_load(self):
+        from torch._dynamo import guard_serialization_codecs as codecs
+
+        built = build_check_fn_manager(
+            by_sdp_backend, (torch.ones(2), torch.nn.attention.SDPBackend.MATH)
+        )
+        state = pickle.loads(built.ref.guards_state)
+        values = state.output_graph.values
+        stand_in = values["L['backend']"]
+        self.assertIsInstance(stand_in, codecs._EnumStandIn)
+        values["L['backend']"] = dataclasses.replace(stand_in, member="NO_SUCH_MEMBER")
+        state.output_graph.local_scope["backend"] = values["L['backend']"]
+        with self.assertRaisesRegex(PackageError, r"\.NO_SUCH_MEMBER, a member"):
+            CheckFunctionManager(built.code, state, guards_serialization_mode="load")
+        # so is a member an enum.Enum no longer has
+        gone = codecs._EnumStandIn(stand_in.cls.__class__(__name__, "Color"), "GREEN")
+        with self.assertRaisesRegex(PackageError, r"Color\.GREEN, a member"):
+            codecs._Hydrator()(gone)
+
+    def test_cpp_enum_member_cross_process(self):
+        stdout = save_and_load_in_fresh_processes(
+            self,
+            """
+            args = (torch.ones(2), torch.nn.attention.SDPBackend.MATH)
+            built = t.build_check_fn_manager(t.by_sdp_backend, args)
+            open(GUARDS_PATH, "wb").write(built.ref.guards_state)
+            """,
+            """
+            data = open(GUARDS_PATH, "rb").read()
+            m = CheckFunctionManager(t.by_sdp_backend.__code__, data, guards_serialization_mode="load")
+            from torch.nn.attention import SDPBackend
+            for backend in [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION]:
+                print(m.guard_manager.check({"x": torch.ones(2), "backend": backend}))
+            """,
+        )
+        self.assertEqual(stdout.split(), ["True", "False"])
+
     def test_partial(self):
         built, loaded = self.roundtrip_all(uses_global_partial, (torch.ones(2),))
         self.assert_same_decisions(
@@ -1595,6 +1669,9 @@ class TestGuardSerializationValues(GuardSerializationTestCase):
             # the closure's code has no stable name: refused, naming it
             build_check_fn_manager(fn, (torch.ones(2), make(1)))
         self.assertIn("L['f'].__code__", str(ctx.exception))
+
+
+instantiate_parametrized_tests(TestGuardSerializationValues)
 
 
 class TestGuardsStateFormat(GuardSerializationTestCase):
@@ -1891,7 +1968,7 @@ def _codec_dispatch_samples() -> list:
     return [
         1, "s", None, torch.float32, torch.device("cpu"), torch.Size([2]),
         torch.strided, torch.contiguous_format, torch, Small, Small(), function,
-        len, str.join, Color.RED, torch.ones(2), torch.nn.Parameter(torch.ones(2)),
+        len, str.join, Color.RED, torch.nn.attention.SDPBackend.MATH, torch.ones(2), torch.nn.Parameter(torch.ones(2)),
         TwoTensor(torch.ones(2), torch.ones(2)), {"a": 1}, collections.OrderedDict(),
         collections.defaultdict(list), [1], (1,), collections.namedtuple("P", "x")(1),
         {1}, frozenset(), slice(1, 2), range(3), types.MappingProxyType({}),

@@ -350,6 +350,27 @@ def _wrapped_path(named, obj) -> Optional[str]:
     return None
 
 
+# NOTE: [Classes renamed where they are exposed]
+# A class bound in C++ keeps the qualname it was bound with, while the module
+# that exposes it may rename it: torch.nn.attention imports torch._C's
+# _SDPBackend as SDPBackend and sets its __module__ and __name__, not its
+# __qualname__, so "torch.nn.attention._SDPBackend" names nothing. A top-level
+# class whose qualname does not resolve in its module is therefore also looked
+# up by its __name__ there.
+def _renamed_class_name(cls, module: str, qualname: str) -> Optional[_NamedRef]:
+    name = getattr(cls, "__name__", None)
+    if (
+        not isinstance(cls, type)
+        or not isinstance(name, str)
+        or name == qualname
+        or "." in qualname
+    ):
+        return None
+    if getattr(sys.modules[module], name, None) is cls:
+        return _NamedRef(module, name)
+    return None
+
+
 _LAST_ACCESS = re.compile(r"(?:\.\w+|\[[^\[\]]*\]|\(\))$")
 
 
@@ -398,6 +419,9 @@ def find_stable_name(
             wrapped_path = _wrapped_path(named, obj)
             if wrapped_path is not None:
                 return _NamedRef(module, f"{qualname}{wrapped_path}")
+            renamed = _renamed_class_name(obj, module, qualname)
+            if renamed is not None:
+                return renamed
     objclass = getattr(obj, "__objclass__", None)
     name = getattr(obj, "__name__", None)
     if isinstance(objclass, type) and isinstance(name, str):

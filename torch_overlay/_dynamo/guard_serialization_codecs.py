@@ -258,7 +258,8 @@ class _StandInConverter:
             return self.convert(value, path, False)
         if parent_guarded and (
             cls in (set, frozenset, slice, range, torch.Size)
-            or isinstance(value, (torch.dtype, torch.device, enum.Enum))
+            or isinstance(value, (torch.dtype, torch.device))
+            or _is_enum_member(value)
             # a DTensor's spec, in its flatten context (NOTE: [DTensor stand-ins])
             or _is_dtensor_spec_type(cls)
         ):
@@ -513,6 +514,28 @@ class _NamedCodec(StandInCodec):
         return resolve_name(stand_in)
 
 
+# NOTE: [Members of C++ enums]
+# An enum bound with pybind11 (torch.nn.attention.SDPBackend, torch._C's
+# _SDPBackend) is no enum.Enum: its class is made by pybind11's metaclass and
+# lists its members in ``__members__``, name -> member, and each member knows
+# its ``name``. Dynamo compares one with CONSTANT_MATCH (an equality check),
+# which holds only for the member of the same class with the same value. So a
+# member is saved like an enum.Enum member, as its class by name (see NOTE:
+# [Classes renamed where they are exposed]) and its member name, and loads as
+# the member of that name of the class the name resolves to. A member its
+# class no longer has is refused at load (as it is for an enum.Enum): the
+# equality guard has no value that matches nothing.
+def _is_cpp_enum_type(cls: type) -> bool:
+    """A class of enum members bound with pybind11 (NOTE: [Members of C++ enums])."""
+    return type(cls).__name__ == "pybind11_type" and isinstance(
+        getattr(cls, "__members__", None), dict
+    )
+
+
+def _is_enum_member(obj) -> bool:
+    return isinstance(obj, enum.Enum) or _is_cpp_enum_type(type(obj))
+
+
 @dataclasses.dataclass
 class _EnumStandIn:
     cls: _NamedRef
@@ -521,15 +544,18 @@ class _EnumStandIn:
 
 @_register_codec
 class _EnumCodec(StandInCodec):
+    """A member of an enum.Enum or of a C++ enum (NOTE: [Members of C++
+    enums]), by its class's name and its own."""
+
     stand_ins = (_EnumStandIn,)
 
     @staticmethod
     def accepts(obj, guarded):
-        return isinstance(obj, enum.Enum)
+        return _is_enum_member(obj)
 
     @staticmethod
     def accepts_type(cls):
-        return issubclass(cls, enum.Enum)
+        return issubclass(cls, enum.Enum) or _is_cpp_enum_type(cls)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -541,8 +567,16 @@ class _EnumCodec(StandInCodec):
     @staticmethod
     def load(hydrator, stand_in):
         cls = resolve_name(stand_in.cls)
-        if isinstance(cls, type) and issubclass(cls, enum.Enum):
-            return cls[stand_in.member]
+        if isinstance(cls, type) and (issubclass(cls, enum.Enum) or _is_cpp_enum_type(cls)):
+            member = cls.__members__.get(stand_in.member)
+            if member is None:
+                # The equality guards that compare a member take no stand-in
+                # that matches nothing: the load is refused instead.
+                raise PackageError(
+                    f"guards compare with {stand_in.cls.module}.{stand_in.cls.path}."
+                    f"{stand_in.member}, a member that enum no longer has"
+                )
+            return member
         return UnresolvedName(stand_in.cls.module, f"{stand_in.cls.path}.{stand_in.member}")
 
 
