@@ -273,7 +273,7 @@ FUZZ_SEED ?= 1515
 fuzz: venv
 	FUZZ_CASES=$(FUZZ_CASES) FUZZ_SEED=$(FUZZ_SEED) TORCH_OVERLAY=1 $(PY) -m pytest test/dynamo/test_package_fuzz.py -q -s
 
-# Nightly builds (.github/workflows/nightly.yml; README "Nightly builds").
+# Nightly builds (.github/workflows/nightly.yml; docs/nightly-and-bases.md).
 # publish: the patched wheel into the PEP 503 index INDEX (build_scripts/publish_index.py);
 # publish-check: pip installs torch from that index into a fresh venv, and imports it.
 # rebase-check: the series carried onto torch BASE (a release, e.g. 2.9.1) by 3-way

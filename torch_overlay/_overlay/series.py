@@ -1,10 +1,11 @@
 """The patch set: where it lives, what it contains, and its identity (hash).
 
-The patch set is two things (see DESIGN.md): an ordered series of ``git
-format-patch`` files under ``patches/v<base>/`` that change EXISTING torch files,
-and mirrored NEW torch modules under ``torch_overlay/`` (``torch/X/y.py`` lives at
-``torch_overlay/X/y.py``). This module reads both without importing torch and
-without running any tool, so that activation stays cheap.
+The patch set is two things (see ../shared/DESIGN.md, beside the checkout): an
+ordered series of ``git format-patch`` files under ``patches/v<base>/`` that
+change EXISTING torch files, and mirrored NEW torch modules under
+``torch_overlay/`` (``torch/X/y.py`` lives at ``torch_overlay/X/y.py``). This
+module reads both without importing torch and without running any tool, so that
+activation stays cheap.
 """
 
 from __future__ import annotations
