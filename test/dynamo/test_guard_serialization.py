@@ -2122,6 +2122,89 @@ class TestGuardsOnLibraryObjects(GuardSerializationTestCase):
             self.roundtrip(fn, (torch.ones(2), NoGradRotary().forward), None)
         self.assertIn("no stable name in another process", str(ctx.exception))
 
+class ScaledByParam(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.randn(4, 2))
+
+    def forward(self, x):
+        return x + self.p
+
+
+if torch.distributed.is_available():
+    from torch.testing._internal.common_distributed import MultiThreadedTestCase
+
+    class TestGuardSerializationThreadedProcessGroup(
+        GuardSerializationTestCase, MultiThreadedTestCase
+    ):
+        """DTensor guards on the threaded process group backend, each rank a
+        thread of this process (NOTE: [DTensor stand-ins] in
+        guard_serialization_codecs.py)."""
+
+        @property
+        def world_size(self):
+            # One rank: Dynamo's compile state is the process's, which ranks
+            # tracing at once in their threads would share.
+            return 1
+
+        def setUp(self):
+            GuardSerializationTestCase.setUp(self)
+            MultiThreadedTestCase.setUp(self)
+            self._spawn_threads()
+
+        def perThreadSetUp(self):
+            torch._dynamo.reset()
+
+        def perThreadTearDown(self):
+            torch._dynamo.reset()
+
+        def mesh_and_dtensor(self):
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.tensor import distribute_tensor, Replicate
+
+            mesh = init_device_mesh("cpu", (self.world_size,))
+            return mesh, distribute_tensor(torch.randn(4, 2), mesh, [Replicate()])
+
+        def test_dtensor_input(self):
+            from torch.distributed.device_mesh import DeviceMesh
+            from torch.distributed.tensor import distribute_tensor, DTensor, Replicate, Shard
+
+            mesh, x = self.mesh_and_dtensor()
+            built = build_check_fn_manager(plus_one, (x,))
+            loaded = load_check_fn_manager(built)
+            # a mesh over the same ranks made by another thread (another rank)
+            foreign_mesh = DeviceMesh("cpu", mesh.mesh, _init_backend=False)
+            foreign_mesh._thread_id = mesh._thread_id + 1
+            self.assert_same_decisions(
+                built,
+                loaded,
+                accepted=[{"x": distribute_tensor(torch.randn(4, 2), mesh, [Replicate()])}],
+                rejected=[
+                    {"x": distribute_tensor(torch.randn(4, 2), mesh, [Shard(0)])},
+                    {"x": DTensor.from_local(x.to_local(), foreign_mesh, [Replicate()])},
+                    {"x": torch.randn(4, 2)},
+                ],
+            )
+
+        def test_fsdp2_module_parameters(self):
+            from torch.distributed.fsdp import fully_shard
+
+            mesh, x = self.mesh_and_dtensor()
+            m = fully_shard(ScaledByParam(), mesh=mesh)
+            built = build_check_fn_manager(
+                ScaledByParam.forward, (m, x), guard_types=("TENSOR_MATCH",)
+            )
+            loaded = load_check_fn_manager(built)
+            other_m = fully_shard(ScaledByParam(), mesh=mesh)
+            unsharded = ScaledByParam()
+            self.assert_same_decisions(
+                built,
+                loaded,
+                accepted=[{"self": m, "x": x}, {"self": other_m, "x": x}],
+                rejected=[{"self": unsharded, "x": x}],
+            )
+
+
 if __name__ == "__main__":
     from torch._dynamo.test_case import run_tests
 

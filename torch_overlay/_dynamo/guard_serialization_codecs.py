@@ -820,6 +820,12 @@ class _WrapperSubclassCodec(StandInCodec):
 # process group of this rank over the same ranks (the default group for a mesh
 # over the whole world); a dimension with no such live group stays unbound,
 # which the guards, comparing meshes by value, do not need.
+# On the threaded process group backend (every rank a thread of one process,
+# as in FSDPTestMultiThread), a mesh also compares the thread that made it
+# (DeviceMesh._thread_id), which means nothing in another process or thread
+# and is not saved: the rebuilt mesh takes the thread it is built in, as any
+# mesh made there does, so the loaded guards accept that thread's meshes and
+# reject another rank's.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -921,10 +927,7 @@ class _DTensorSpecCodec(StandInCodec):
     @staticmethod
     def save(converter, obj, path, guarded):
         mesh = obj.mesh
-        if getattr(mesh, "_thread_id", None) is not None:
-            raise converter.refusal(
-                path, "a DTensor on the threaded process group backend", ("TENSOR_MATCH",)
-            )
+        # (a mesh's thread is not saved: NOTE: [DTensor stand-ins])
         mesh_stand_in = _DeviceMeshStandIn(
             mesh.device_type,
             tuple(mesh.mesh.shape),
