@@ -15,7 +15,9 @@ import collections
 import contextlib
 import dataclasses
 import enum
+import fractions
 import functools
+import itertools
 import math
 import os
 import pickle
@@ -127,6 +129,10 @@ class Color(enum.Enum):
 
 def helper(x, k):
     return x * k
+
+
+def counts_with(x, counter):
+    return x + (1 if isinstance(counter, itertools.count) else 2)
 
 
 def by_sdp_backend(x, backend):
@@ -1632,6 +1638,38 @@ class TestGuardSerializationValues(GuardSerializationTestCase):
         )
         self.assertEqual(stdout.split(), ["True", "False"])
 
+    def test_count_iterator(self):
+        # NOTE: [Count iterators] in guard_serialization_codecs.py
+        built, loaded = self.roundtrip(
+            counts_with, (torch.ones(2), itertools.count(2, 3)), "TYPE_MATCH"
+        )
+        self.assert_same_decisions(
+            built,
+            loaded,
+            accepted=[{"x": torch.ones(2), "counter": itertools.count(7)}],
+            rejected=[{"x": torch.ones(2), "counter": iter([1, 2])}],
+        )
+
+    @parametrize("args", [(2, 3), (2,), (2.5,), (1, 0.5), (1j, 2)])
+    def test_count_iterator_keeps_its_item_and_step(self, args):
+        from torch._dynamo import guard_serialization_codecs as codecs
+
+        counter = itertools.count(*args)
+        next(counter)
+        stand_in = codecs._CountIteratorCodec.save(None, counter, "L['counter']", True)
+        loaded = codecs._Hydrator()(pickle.loads(pickle.dumps(stand_in)))
+        self.assertIs(type(loaded), itertools.count)
+        self.assertEqual(repr(loaded), repr(counter))
+
+    def test_count_iterator_of_other_numbers(self):
+        counter = itertools.count(fractions.Fraction(1, 2))
+        with self.assertRaisesRegex(PackageError, r"TYPE_MATCH guard cannot be serialized.*Fraction"):
+            build_check_fn_manager(counts_with, (torch.ones(2), counter), guard_types=("TYPE_MATCH",))
+        # read by no guard, it is left out
+        built = build_check_fn_manager(counts_with, (torch.ones(2), counter), guard_types=("TENSOR_MATCH",))
+        loaded = load_check_fn_manager(built)
+        self.assertTrue(loaded.guard_manager.check({"x": torch.ones(2), "counter": counter}))
+
     def test_partial(self):
         built, loaded = self.roundtrip_all(uses_global_partial, (torch.ones(2),))
         self.assert_same_decisions(
@@ -1972,7 +2010,8 @@ def _codec_dispatch_samples() -> list:
         TwoTensor(torch.ones(2), torch.ones(2)), {"a": 1}, collections.OrderedDict(),
         collections.defaultdict(list), [1], (1,), collections.namedtuple("P", "x")(1),
         {1}, frozenset(), slice(1, 2), range(3), types.MappingProxyType({}),
-        iter((1, 2)), iter(range(2)), torch._C._dispatch_tls_local_include_set(),
+        iter((1, 2)), iter(range(2)), itertools.count(1, 2), itertools.count(fractions.Fraction(1)),
+        torch._C._dispatch_tls_local_include_set(),
         pytree.tree_flatten, functools.partial(function), Small().forward, cell,
         object(), vars(__builtins__) if isinstance(__builtins__, types.ModuleType)
         else __builtins__, {}.keys(), Foo(),

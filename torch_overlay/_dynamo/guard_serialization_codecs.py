@@ -12,11 +12,13 @@ type and its codec, the save side (value -> stand-in) next to the load side
 
 from __future__ import annotations
 
+import ast
 import builtins
 import collections
 import dataclasses
 import enum
 import functools
+import itertools
 import logging
 import types
 import weakref
@@ -1232,6 +1234,70 @@ class _RangeIteratorCodec(StandInCodec):
         for _ in range(stand_in.index):
             next(it)
         return it
+
+
+# NOTE: [Count iterators]
+# An itertools.count holds its next item and its step, which its repr shows:
+# "count(2)" (step 1) or "count(2, 3)". (Its __reduce__ says the same but is
+# deprecated from Python 3.12 and gone in 3.14.) A count whose item and step
+# are literals (ints, floats, complex) is saved as the two and loads as a new
+# count from them, which guards read as they read the original (its type,
+# its next item and step); any other count (of Fractions, Decimals...) is
+# refused when a guard reads it.
+_COUNT_ITERATOR_TYPE = type(itertools.count())
+
+
+def _count_item_and_step(counter) -> Optional[tuple]:
+    text = repr(counter)
+    if not (text.startswith("count(") and text.endswith(")")):
+        return None
+    try:
+        args = ast.literal_eval(f"({text[len('count('):-1]},)")
+    except (SyntaxError, ValueError):
+        return None
+    if not (isinstance(args, tuple) and 1 <= len(args) <= 2):
+        return None
+    if not all(type(a) in (int, float, complex) for a in args):
+        return None
+    return (args[0], args[1] if len(args) == 2 else 1)
+
+
+@dataclasses.dataclass
+class _CountIteratorStandIn:
+    item: Any
+    step: Any
+
+
+@_register_codec
+class _CountIteratorCodec(StandInCodec):
+    """An itertools.count by its next item and step (NOTE: [Count iterators])."""
+
+    stand_ins = (_CountIteratorStandIn,)
+
+    @staticmethod
+    def accepts(obj, guarded):
+        return type(obj) is _COUNT_ITERATOR_TYPE
+
+    @staticmethod
+    def accepts_type(cls):
+        return cls is _COUNT_ITERATOR_TYPE
+
+    @staticmethod
+    def save(converter, obj, path, guarded):
+        item_and_step = _count_item_and_step(obj)
+        if item_and_step is not None:
+            return _CountIteratorStandIn(*item_and_step)
+        if not guarded:
+            return _DECLINED
+        raise converter.refusal(
+            path,
+            f"the guarded {obj!r:.80} counts other numbers than ints, floats or "
+            "complex numbers, which cannot be saved",
+        )
+
+    @staticmethod
+    def load(hydrator, stand_in):
+        return itertools.count(stand_in.item, stand_in.step)
 
 
 @dataclasses.dataclass
