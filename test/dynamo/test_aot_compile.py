@@ -6,6 +6,7 @@ the warm caches the first left); saved functions load in a fresh interpreter wit
 an empty inductor cache under fail_on_recompile without tracing or compiling.
 """
 
+import gc
 import io
 import json
 import os
@@ -390,6 +391,124 @@ print("REPORT" + json.dumps(report))
 '''
 
 
+# A decorator defined at module level, applied twice: two live functions named
+# check_inputs.<locals>._fn, told apart by the code their closures hold.
+DECORATED_MODULE = """
+import torch
+
+def check_inputs(fn):
+    def _fn(*args, **kwargs):
+        for arg in args:
+            assert arg.shape[0] > 1
+        return fn(*args, **kwargs)
+    return _fn
+
+@check_inputs
+def doubled_sum(x, y):
+    return (x + y) * 2
+
+@check_inputs
+def tripled_sum(x, y):
+    return (x + y) * 3
+"""
+
+
+DECORATED_ROUND_TRIP = """
+import json, sys, torch
+sys.path.insert(0, {dir!r})
+import decorated_models
+from torch._dynamo.utils import counters
+x, y = torch.ones(3), torch.arange(3.0)
+if sys.argv[1] == "save":
+    with torch._dynamo.config.patch("enable_aot_compile", True):
+        fn = torch.compile(decorated_models.doubled_sum, fullgraph=True, backend="eager")
+        fn.aot_compile(((x, y), {{}})).save_compiled_function({path!r})
+else:
+    with torch.compiler.set_stance("fail_on_recompile"):
+        loaded = torch.compiler.load_compiled_function({path!r})
+        out = loaded(x, y)
+    print("REPORT" + json.dumps({{
+        "same": bool(torch.equal(out, decorated_models.doubled_sum(x, y))),
+        "traced_graphs": counters["stats"]["unique_graphs"],
+    }}))
+"""
+
+
+# A module's bound method captured in a functools.partial in a local
+# function's closure: upstream's external_data contract.
+CAPTURED_MODULE = """
+import functools
+import torch
+
+class Affine(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.linear(x)
+
+def call(f, *args):
+    return f(*args)
+
+def wrap(fn):
+    def wrapped(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapped
+
+def make():
+    torch.manual_seed(0)
+    mod = Affine()
+    return mod, wrap(functools.partial(call, mod.forward))
+"""
+
+
+CAPTURED_ROUND_TRIP = """
+import json, sys, torch
+sys.path.insert(0, {dir!r})
+import captured_models
+from torch._dynamo.exc import PackageError
+from torch._dynamo.utils import counters
+mod, fn = captured_models.make()
+x = torch.randn(4, 3)
+report = {{}}
+
+def error(call):
+    try:
+        call()
+    except (RuntimeError, PackageError) as e:
+        return type(e).__name__ + ": " + str(e).split(chr(10))[0][:400]
+    return None
+
+if sys.argv[1] == "save":
+    with torch._dynamo.config.patch("enable_aot_compile", True):
+        compiled = torch.compile(fn, fullgraph=True, backend="eager").aot_compile(((x,), {{}}))
+    report["without_external_data"] = error(lambda: compiled.save_compiled_function({path!r}))
+    compiled.save_compiled_function({path!r}, external_data={{"mod": mod}})
+else:
+    with torch.compiler.set_stance("fail_on_recompile"):
+        report["without_external_data"] = error(
+            lambda: torch.compiler.load_compiled_function({path!r})
+        )
+        report["another_module"] = error(
+            lambda: torch.compiler.load_compiled_function(
+                {path!r}, external_data={{"mod": captured_models.Affine()}}
+            )
+        )
+        loaded = torch.compiler.load_compiled_function({path!r}, external_data={{"mod": mod}})
+        report["same"] = bool(torch.equal(loaded(x), fn(x)))
+    report["traced_graphs"] = counters["stats"]["unique_graphs"]
+print("REPORT" + json.dumps(report))
+"""
+
+
+def _check_inputs(fn):
+    def _fn(*args):
+        return fn(*args)
+
+    return _fn
+
+
 def _scaled_sum(x):
     return (x.sin() + x.cos() * 2).sum(0)
 
@@ -601,6 +720,94 @@ class TestAOTCompile(torch._dynamo.test_case.TestCase):
         del by_three
         loaded = torch.compiler.load_compiled_function(path)
         self.assertEqual(loaded(torch.ones(2)), torch.full((2,), 2.0))
+
+    def run_modes(self, script, modes=("save", "load")):
+        reports = {}
+        for mode in modes:
+            proc = subprocess.run(
+                [sys.executable, "-c", script, mode],
+                cwd=self.tmp,
+                capture_output=True,
+                text=True,
+                env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(self.tmp / "cache")},
+            )
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+            if "REPORT" in proc.stdout:
+                reports[mode] = self.report(proc.stdout)
+        return reports
+
+    def test_decorated_function_loads_in_fresh_process_by_its_closure_code(self):
+        # The guard on the wrapped function's identity cannot be saved; aot_compile
+        # leaves it out and records the code the closure holds instead, which
+        # tells doubled_sum's wrapper from tripled_sum's (same qualified name).
+        (self.tmp / "decorated_models.py").write_text(DECORATED_MODULE)
+        path = str(self.tmp / "decorated.pt")
+        reports = self.run_modes(DECORATED_ROUND_TRIP.format(dir=str(self.tmp), path=path))
+        self.assertEqual(reports["load"], {"same": True, "traced_graphs": 0})
+
+    def test_closure_code_picks_the_live_function_and_refuses_another(self):
+        # Local functions: no stable name, so their identity guards are left out
+        # (one with a stable name is guarded by that name).
+        def _doubled(x):
+            return x * 2
+
+        def _tripled(x):
+            return x * 3
+
+        doubled, tripled = _check_inputs(_doubled), _check_inputs(_tripled)
+        path = str(self.tmp / "closure_code.pt")
+        with torch._dynamo.config.patch("enable_aot_compile", True):
+            compiled = torch.compile(doubled, fullgraph=True, backend="eager").aot_compile(
+                ((torch.ones(2),), {})
+            )
+        self.assertEqual(compiled(torch.ones(2)), torch.full((2,), 2.0))
+        compiled.save_compiled_function(path)
+        torch._dynamo.reset()
+        with torch.compiler.set_stance("fail_on_recompile"):
+            loaded = torch.compiler.load_compiled_function(path)
+            self.assertEqual(loaded(torch.ones(2)), torch.full((2,), 2.0))
+        del compiled, loaded, doubled
+        gc.collect()
+        with self.assertRaisesRegex(
+            PackageError, "none is the one compiled .its closure holds no function with the code"
+        ):
+            torch.compiler.load_compiled_function(path)
+        self.assertEqual(tripled(torch.ones(2)), torch.full((2,), 3.0))
+
+    def test_guard_filter_keeping_a_closure_guard_is_upstreams_refusal(self):
+        def _doubled(x):
+            return x * 2
+
+        keep_all = {"guard_filter_fn": lambda entries: [True] * len(entries)}
+        with torch._dynamo.config.patch("enable_aot_compile", True):
+            with self.assertWarns(UserWarning), self.assertRaisesRegex(
+                PackageError,
+                r"^CLOSURE_MATCH guard cannot be serialized\. Guarded source: L\['fn'\]\. "
+                r"It guards on the identity of function .*_doubled",
+            ):
+                torch.compile(
+                    _check_inputs(_doubled), fullgraph=True, backend="eager", options=keep_all
+                ).aot_compile(((torch.ones(2),), {}))
+
+    def test_module_in_closure_is_external_data_at_save_and_load(self):
+        (self.tmp / "captured_models.py").write_text(CAPTURED_MODULE)
+        path = str(self.tmp / "captured.pt")
+        reports = self.run_modes(CAPTURED_ROUND_TRIP.format(dir=str(self.tmp), path=path))
+        self.assertRegex(
+            reports["save"]["without_external_data"],
+            r"^RuntimeError: Failed to serialize the following objects: \[Affine\(",
+        )
+        load = reports["load"]
+        self.assertRegex(
+            load["without_external_data"],
+            r"^RuntimeError: Missing required external reference to data: mod\. Please load",
+        )
+        self.assertRegex(
+            load["another_module"],
+            r"^PackageError: .*none is the one compiled \(its closure does not hold "
+            r"external_data\['mod'\]\)",
+        )
+        self.assertEqual({k: load[k] for k in ("same", "traced_graphs")}, {"same": True, "traced_graphs": 0})
 
     def test_aot_compile_under_fail_on_recompile_compiles(self):
         def fn(x):

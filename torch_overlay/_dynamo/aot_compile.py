@@ -62,6 +62,7 @@ from .package_artifacts import (
     _CUSTOM_BACKEND,
     check_frozen_parameters,
     load_code,
+    note_guard_filter,
     read_archive,
     write_archive,
 )
@@ -180,8 +181,19 @@ def _serializable_graph(package: CompilePackage, entry, f_globals: dict) -> tupl
 class AOTCompiledFunction:
     """A function compiled ahead of time; see the module docstring."""
 
-    def __init__(self, fn, out_code, f_globals, guards_state: bytes, package: CompilePackage):
+    def __init__(
+        self,
+        fn,
+        out_code,
+        f_globals,
+        guards_state: bytes,
+        package: CompilePackage,
+        closure_codes: tuple = (),
+    ):
         self._fn = fn
+        # Code of the closure's objects whose identity guards were left out
+        # (NOTE: [Guards on the closure of an aot_compile'd function]).
+        self._closure_codes = tuple(closure_codes)
         # The frame's locals are those of fn's own code: a functools.wraps
         # wrapper's (*args, **kwargs), not the wrapped function's parameters.
         self._signature = inspect.signature(fn, follow_wrapped=False)
@@ -313,6 +325,7 @@ class AOTCompiledFunction:
     def serialize(cls, fn: AOTCompiledFunction, external_data=None) -> AOTCompileSaveResult:
         """``fn`` as the bytes ``save_compiled_function`` writes."""
         _check_external_data(external_data)
+        external_keys = _external_data_keys(fn._fn, external_data or {})
         files, manifest = fn._package.collect_files()
         if manifest["entries"] != 1:
             raise PackageError(
@@ -324,6 +337,10 @@ class AOTCompiledFunction:
             "qualname": fn._fn.__qualname__,
             "code": _code_fingerprint(fn._fn.__code__),
         }
+        if fn._closure_codes:
+            manifest["aot_compile"]["closure_code"] = [list(c) for c in fn._closure_codes]
+        if external_keys:
+            manifest["aot_compile"]["external_data"] = external_keys
         buf = io.BytesIO()
         write_archive(buf, files, manifest)
         return AOTCompileSaveResult(serialized_data=buf.getvalue())
@@ -338,15 +355,122 @@ class AOTCompiledFunction:
         )
 
 
-def _compile_fullgraph(fn, backend, args, kwargs, guard_filter_fn=None) -> CompilePackage:
+# NOTE: [Guards on the closure of an aot_compile'd function]
+# Upstream's aot_compile, given no guard_filter_fn, leaves out every guard on a
+# global and every guard whose type checks an object's identity in this process
+# (ID_MATCH, FUNCTION_MATCH, CLOSURE_MATCH, CLASS_MATCH, MODULE_MATCH, NN_MODULE,
+# DICT_VERSION, WEAKREF_ALIVE): its compiled function carries the closure it was
+# traced with (pickled into the file) and runs with it, so nothing checks that
+# the closure is the one traced. Here a guard saved by name keeps its meaning in
+# another process (the codecs resolve the name again), so the default leaves out
+# only what has none: an identity guard on a function, method or code object
+# that is reached through the compiled function's closure and has no stable
+# name (the function a local decorator wraps, a bound method captured in a
+# functools.partial). Such a guard would refuse the save; without it the
+# compiled function runs with the closure of the function it belongs to (the
+# live one, found again at load: NOTE: [Finding a local function again]), as
+# upstream's runs with the closure saved with it. What survives a process of
+# those objects is their code: the file records the fingerprint of each one's
+# code, and a load accepts a function only if its closure still reaches code
+# with those fingerprints (a wrapper around another function is not the one
+# compiled). A guard on anything else is kept, and one the codecs cannot save
+# refuses the aot_compile. A guard_filter_fn passed to torch.compile decides
+# alone, as upstream's does; when it keeps an identity guard on a closure's
+# local function, the refusal is upstream's ("CLOSURE_MATCH guard cannot be
+# serialized.").
+_IDENTITY_GUARD_TYPES = frozenset(
+    {
+        "ID_MATCH",
+        "FUNCTION_MATCH",
+        "CLOSURE_MATCH",
+        "CLASS_MATCH",
+        "MODULE_MATCH",
+        "NN_MODULE",
+        "DICT_VERSION",
+        "WEAKREF_ALIVE",
+    }
+)
+
+
+def _code_of(value) -> Optional[types.CodeType]:
+    """The code of a function, a method of one, or a code object."""
+    if isinstance(value, types.MethodType):
+        value = value.__func__
+    if isinstance(value, types.FunctionType):
+        return value.__code__
+    return value if isinstance(value, types.CodeType) else None
+
+
+def _root_local_name(source) -> Optional[str]:
+    """The frame local a guard's source starts from (None: a global, or none)."""
+    while getattr(source, "base", None) is not None:
+        source = source.base
+    name = getattr(source, "local_name", None)
+    return name if isinstance(name, str) else None
+
+
+class _AOTGuardFilter:
+    """The guard filter of an aot_compile (NOTE: [Guards on the closure of an
+    aot_compile'd function]): ``user_filter`` when one is given, else every
+    guard but the closure's identity guards that cannot be saved."""
+
+    def __init__(self, fn: types.FunctionType, user_filter) -> None:
+        self.freevars = frozenset(fn.__code__.co_freevars)
+        self.user_filter = user_filter
+        self.closure_codes: dict[tuple, None] = {}
+        self.refusals: list[str] = []
+
+    def _unsaveable_closure_identity(self, entry) -> Optional[types.CodeType]:
+        """The code of the object ``entry`` guards the identity of, when it is
+        reached through the closure and has no stable name."""
+        from torch._dynamo.guard_serialization import find_stable_name
+
+        types_ = {entry.guard_type, *(entry.derived_guard_types or ())}
+        if not (types_ & _IDENTITY_GUARD_TYPES and entry.has_value):
+            return None
+        if entry.is_global or _root_local_name(entry.source) not in self.freevars:
+            return None
+        code = _code_of(entry.value)
+        if code is None or find_stable_name(entry.value) is not None:
+            return None
+        return code
+
+    def __call__(self, entries) -> list[bool]:
+        if self.user_filter is not None:
+            keep = list(self.user_filter(entries))
+            for entry, kept in zip(entries, keep):
+                if kept and self._unsaveable_closure_identity(entry) is not None:
+                    self.refusals.append(
+                        f"{entry.guard_type} guard cannot be serialized. Guarded source: "
+                        f"{entry.orig_guard.name}. It guards on the identity of "
+                        f"{type(entry.value).__name__} {getattr(entry.value, '__qualname__', '')}, "
+                        "which has no stable name in another process; leave it to "
+                        "aot_compile's default guard filter (the compiled function runs "
+                        "with the closure of the function it is loaded for) or define it "
+                        "at module scope"
+                    )
+            return keep
+        keep = []
+        for entry in entries:
+            code = self._unsaveable_closure_identity(entry)
+            if code is not None:
+                self.closure_codes[tuple(_code_fingerprint(code))] = None
+            keep.append(code is None)
+        return keep
+
+
+def _compile_fullgraph(fn, backend, args, kwargs, guard_filter) -> CompilePackage:
     package = CompilePackage(fn)
     fresh = _fresh_function(fn)
     compiled = torch._dynamo.optimize(
-        backend, nopython=True, package=package, guard_filter_fn=guard_filter_fn
+        backend, nopython=True, package=package, guard_filter_fn=guard_filter
     )(fresh)
     # See NOTE: [aot_compile is not a recompile]
     with torch.compiler.set_stance("default"):
         compiled(*args, **kwargs)
+    # The manifest names the filter the user gave (NOTE: [Guard filter of a
+    # package]), not the one aot_compile wraps it in.
+    note_guard_filter(package, guard_filter.user_filter)
     return package
 
 
@@ -386,26 +510,49 @@ def aot_compile_fullgraph(fn, backend, example_inputs, guard_filter_fn=None) -> 
     fn = getattr(fn, "__func__", fn)
     if not isinstance(fn, types.FunctionType):
         raise TypeError(f"aot_compile needs a Python function or an nn.Module, not {fn!r}")
-    package = _compile_fullgraph(fn, backend, args, kwargs, guard_filter_fn)
+    guard_filter = _AOTGuardFilter(fn, guard_filter_fn)
+    package = _compile_fullgraph(fn, backend, args, kwargs, guard_filter)
     # The function's own source is one of those it was traced from.
     package.source_info.add_code(fn.__code__)
     _check_custom_backend_output(package)
     if len(package.entries) != 1:
         reasons = "; ".join(package._unsaveable) or "no entry was recorded"
+        if guard_filter.refusals:
+            # Upstream's sentence first (NOTE: [Guards on the closure of an
+            # aot_compile'd function]).
+            raise PackageError(f"{guard_filter.refusals[0]} (aot_compile of {fn.__qualname__})")
         raise PackageError(f"aot_compile of {fn.__qualname__} failed: {reasons}")
     entry = package.entries[0]
     out_code = load_code(entry.out_code, f"the aot_compile entry of {fn.__qualname__}")
-    return AOTCompiledFunction(fn, out_code, fn.__globals__, entry.guards_state, package)
+    return AOTCompiledFunction(
+        fn,
+        out_code,
+        fn.__globals__,
+        entry.guards_state,
+        package,
+        closure_codes=tuple(guard_filter.closure_codes),
+    )
 
 
 # NOTE: [External data]
-# Upstream pickles the compiled function's closure and globals into the file
-# and asks for the objects it cannot pickle (nn.Modules) as ``external_data``
-# at save and again at load. A file written here holds neither: the compiled
-# code runs with the live function's closure and its module's globals, found
-# again at load (NOTE: [Finding a local function again]), so there is nothing
-# to leave out or put back. Both ends take the argument, so code written for
-# upstream runs unchanged, and check that it is what upstream takes.
+# Upstream pickles the compiled function's closure (and default arguments) into
+# the file and refuses the nn.Modules it reaches unless they are named in
+# ``external_data`` ({key: object}), which leaves them out of the file as their
+# keys; a load must then give an object for every such key in its own
+# ``external_data``. A file written here holds no closure: the compiled code
+# runs with the closure of the live function, found again at load (NOTE:
+# [Finding a local function again]). The contract is upstream's all the same,
+# so that code written for upstream fails and succeeds as it does there: a save
+# refuses a closure that reaches an nn.Module not named in ``external_data``,
+# with upstream's error; the file records the keys of the named objects the
+# closure reaches; a load without one of them fails with upstream's error. What
+# the objects given at load mean here is which function the file belongs to: a
+# function whose closure does not reach them (by identity) is not it.
+# "Reaches" is what upstream's pickler would walk into: cells, default
+# arguments, containers, functools.partial, bound methods, local functions'
+# closures and defaults, and plain objects' attributes; not into nn.Modules,
+# tensors, classes, modules or module-level functions (pickled by name).
+_WALK_LIMIT = 100_000
 
 
 def _check_external_data(external_data) -> None:
@@ -415,6 +562,67 @@ def _check_external_data(external_data) -> None:
         raise TypeError(
             f"external_data must be a dict with str keys, not {type(external_data).__name__}"
         )
+
+
+def _closure_objects(fn: types.FunctionType, stop_ids=frozenset()) -> list:
+    """What ``fn``'s closure and defaults reach (NOTE: [External data]); objects
+    whose id is in ``stop_ids`` are listed, not walked into."""
+    stack: list = []
+
+    def push_function(f: types.FunctionType) -> None:
+        for cell in f.__closure__ or ():
+            try:
+                stack.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                pass
+        stack.extend(f.__defaults__ or ())
+        stack.extend((f.__kwdefaults__ or {}).values())
+
+    push_function(fn)
+    stack.reverse()
+    seen: set[int] = set()
+    found: list = []
+    leaves = (torch.nn.Module, torch.Tensor, type, types.ModuleType, types.CodeType)
+    while stack and len(found) < _WALK_LIMIT:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        found.append(obj)
+        if id(obj) in stop_ids or isinstance(obj, leaves):
+            continue
+        before = len(stack)
+        if isinstance(obj, functools.partial):
+            stack.extend((obj.func, *obj.args, *obj.keywords.values()))
+        elif isinstance(obj, types.MethodType):
+            stack.extend((obj.__func__, obj.__self__))
+        elif isinstance(obj, types.FunctionType):
+            if "<locals>" in obj.__qualname__:
+                push_function(obj)
+        elif isinstance(obj, (tuple, list, set, frozenset)):
+            stack.extend(obj)
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(getattr(obj, "__dict__", None), dict):
+            stack.extend(vars(obj).values())
+        stack[before:] = stack[before:][::-1]
+    return found
+
+
+def _external_data_keys(fn: types.FunctionType, external_data: dict) -> list[str]:
+    """The keys of the ``external_data`` objects ``fn``'s closure reaches;
+    upstream's RuntimeError if it reaches an nn.Module that is not one of them."""
+    keys = {id(v): k for k, v in external_data.items()}
+    reached = _closure_objects(fn, frozenset(keys))
+    unnamed = [o for o in reached if isinstance(o, torch.nn.Module) and id(o) not in keys]
+    if unnamed:
+        raise RuntimeError(
+            f"Failed to serialize the following objects: {unnamed}\n"
+            "Please mark these as external data by using `external_data={'key': ...}` "
+            f"(the closure of {fn.__qualname__} holds them; a load gives them again "
+            "with the same keys)"
+        )
+    return sorted({keys[id(o)] for o in reached if id(o) in keys})
 
 
 def load_compiled_function(file, *, f_globals=None, external_data=None) -> AOTCompiledFunction:
@@ -446,7 +654,23 @@ def _load_compiled_function(file, f_globals, external_data) -> AOTCompiledFuncti
     # The function first: the entry is checked against it (its bytecode, the
     # module it runs in) before anything is installed.
     saved = manifest["aot_compile"]
-    fn = _function_of(("function", saved.get("module"), saved.get("qualname")), saved, where)
+    closure_codes, external_keys = _saved_closure_fields(saved, where)
+    # NOTE: [External data]
+    for key in external_keys:
+        if key not in (external_data or {}):
+            raise RuntimeError(
+                f"Missing required external reference to data: {key}. Please load AOT "
+                "compiled function with `external_data=<external data dictionary>` "
+                f"({where} was saved with external_data keys {external_keys})"
+            )
+    external = [(key, external_data[key]) for key in external_keys]  # type: ignore[index]
+
+    def belongs(candidate) -> Optional[str]:
+        return _closure_mismatch(candidate, closure_codes, external)
+
+    fn = _function_of(
+        ("function", saved.get("module"), saved.get("qualname")), saved, where, belongs
+    )
     package = CompilePackage(fn)
     package.frozen_checks_at_call = []
     loaded = package.load_files(files, manifest, where)
@@ -458,8 +682,57 @@ def _load_compiled_function(file, f_globals, external_data) -> AOTCompiledFuncti
     if f_globals is not None:
         runtime_globals = {**entry.f_globals, **f_globals}
     return AOTCompiledFunction(
-        fn, entry.out_code, runtime_globals, entry.entry.guards_state, package
+        fn,
+        entry.out_code,
+        runtime_globals,
+        entry.entry.guards_state,
+        package,
+        closure_codes=closure_codes,
     )
+
+
+def _saved_closure_fields(saved: Any, where) -> tuple[tuple, list[str]]:
+    """The manifest's closure code fingerprints and external data keys, checked."""
+    if not isinstance(saved, dict):
+        raise PackageError(f"{where}: the manifest's aot_compile field is not an object")
+    codes = saved.get("closure_code", [])
+    keys = saved.get("external_data", [])
+    if not (
+        isinstance(codes, list)
+        and all(
+            isinstance(c, list)
+            and len(c) == 3
+            and isinstance(c[0], str)
+            and type(c[1]) is int
+            and isinstance(c[2], str)
+            for c in codes
+        )
+        and isinstance(keys, list)
+        and all(isinstance(k, str) for k in keys)
+    ):
+        raise PackageError(f"{where}: the manifest's aot_compile closure fields are malformed")
+    return tuple(tuple(c) for c in codes), keys
+
+
+def _closure_mismatch(fn, closure_codes, external) -> Optional[str]:
+    """Why ``fn``'s closure is not the one a file was compiled with (NOTE:
+    [Guards on the closure of an aot_compile'd function], NOTE: [External
+    data]), or None."""
+    if not closure_codes and not external:
+        return None
+    reached = _closure_objects(fn)
+    ids = {id(o) for o in reached}
+    for key, obj in external:
+        if id(obj) not in ids:
+            return f"its closure does not hold external_data[{key!r}]"
+    codes = {tuple(_code_fingerprint(c)) for c in map(_code_of, reached) if c is not None}
+    for code in closure_codes:
+        if code not in codes:
+            return (
+                f"its closure holds no function with the code it was compiled with "
+                f"({code[0]}:{code[1]})"
+            )
+    return None
 
 
 def _check_belongs(entry, fn, where) -> None:
@@ -485,10 +758,15 @@ def _check_belongs(entry, fn, where) -> None:
 # or defaults, which one was meant is unknowable: a PackageError too.
 
 
-def _function_of(code_key, saved: Any, where):
+def _function_of(code_key, saved: Any, where, belongs=None):
     """The live function an aot_compile'd entry belongs to: by the function's own
     module and qualified name as saved (a functools.wraps wrapper carries the
-    wrapped function's, not its code's), else by its code's."""
+    wrapped function's, not its code's), else by its code's; ``belongs(fn)``
+    says why a function's closure is not the one compiled (None: it is)."""
+    if belongs is None:
+        def belongs(fn):
+            return None
+
     if not isinstance(saved, dict):
         raise PackageError(f"{where}: the manifest's aot_compile field is not an object")
     _, code_module, code_qualname = code_key
@@ -498,7 +776,7 @@ def _function_of(code_key, saved: Any, where):
     if not isinstance(module_name, str) or not isinstance(qualname, str):
         raise PackageError(f"{where}: the manifest names no function to load into")
     if "<locals>" in qualname:
-        return _live_local_function(module_name, qualname, code_fingerprint, where)
+        return _live_local_function(module_name, qualname, code_fingerprint, where, belongs)
     obj: Any = sys.modules.get(module_name)
     try:
         for part in qualname.split("."):
@@ -511,19 +789,64 @@ def _function_of(code_key, saved: Any, where):
             f"{where} was compiled from {qualname} in module {module_name}, which "
             "cannot be found in this process"
         )
+    mismatch = belongs(fn)
+    if mismatch is not None:
+        raise PackageError(
+            f"{where} was compiled from {qualname} in module {module_name}, but "
+            f"{mismatch}: it is not the function the file was compiled from"
+        )
     return fn
 
 
-def _live_local_function(module_name, qualname, code_fingerprint, where):
-    candidates = [
-        obj
-        for obj in gc.get_objects()
-        if type(obj) is types.FunctionType
-        and obj.__qualname__ == qualname
-        and obj.__module__ == module_name
-        and obj not in _COMPILE_COPIES
-        and (code_fingerprint is None or _code_fingerprint(obj.__code__) == code_fingerprint)
-    ]
+def _same_function(a: types.FunctionType, b: types.FunctionType) -> bool:
+    """Whether two functions of one code run alike: same defaults, same closure
+    contents (by identity)."""
+
+    def contents(f):
+        out = []
+        for cell in f.__closure__ or ():
+            try:
+                out.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                out.append(_EMPTY_CELL)
+        return out
+
+    return (
+        a.__code__ is b.__code__
+        and a.__defaults__ == b.__defaults__
+        and a.__kwdefaults__ == b.__kwdefaults__
+        and len(contents(a)) == len(contents(b))
+        and all(x is y for x, y in zip(contents(a), contents(b)))
+    )
+
+
+_EMPTY_CELL = object()
+
+
+def _live_local_function(module_name, qualname, code_fingerprint, where, belongs):
+    def select() -> tuple[list, list, list]:
+        candidates = [
+            obj
+            for obj in gc.get_objects()
+            if type(obj) is types.FunctionType
+            and obj.__qualname__ == qualname
+            and obj.__module__ == module_name
+            and obj not in _COMPILE_COPIES
+            and (code_fingerprint is None or _code_fingerprint(obj.__code__) == code_fingerprint)
+        ]
+        mismatches = [belongs(c) for c in candidates]
+        matching = [c for c, reason in zip(candidates, mismatches) if reason is None]
+        return candidates, mismatches, matching
+
+    def ambiguous(matching) -> bool:
+        return not all(_same_function(other, matching[0]) for other in matching[1:])
+
+    candidates, mismatches, matching = select()
+    if ambiguous(matching):
+        # Functions only garbage keeps alive (a cycle through a module that
+        # holds its own compiled forward, say) are no candidates.
+        gc.collect()
+        candidates, mismatches, matching = select()
     if not candidates:
         raise PackageError(
             f"{where} was compiled from {qualname} in module {module_name}, which "
@@ -531,27 +854,19 @@ def _live_local_function(module_name, qualname, code_fingerprint, where):
             "loads only where that function exists (define it at module level to "
             "load it anywhere)"
         )
-    first = candidates[0]
-
-    def same_function(other) -> bool:
-        return (
-            other.__code__ is first.__code__
-            and other.__defaults__ == first.__defaults__
-            and other.__kwdefaults__ == first.__kwdefaults__
-            and len(other.__closure__ or ()) == len(first.__closure__ or ())
-            and all(
-                a.cell_contents is b.cell_contents
-                for a, b in zip(other.__closure__ or (), first.__closure__ or ())
-            )
-        )
-
-    if not all(same_function(other) for other in candidates[1:]):
+    if not matching:
         raise PackageError(
             f"{where} was compiled from {qualname} in module {module_name}: "
-            f"{len(candidates)} live functions of that name exist in this process and "
+            f"{len(candidates)} live function(s) of that name exist in this process, "
+            f"but none is the one compiled ({next(m for m in mismatches if m)})"
+        )
+    if ambiguous(matching):
+        raise PackageError(
+            f"{where} was compiled from {qualname} in module {module_name}: "
+            f"{len(matching)} live functions of that name exist in this process and "
             "differ in their closures or defaults, so which one it belongs to is unknown"
         )
-    return first
+    return matching[0]
 
 
 # ---------------------------------------------------------------------------
