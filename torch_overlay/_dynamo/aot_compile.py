@@ -754,8 +754,13 @@ def _check_belongs(entry, fn, where) -> None:
 # it is looked up among the functions alive in this process, by module,
 # qualified name and code (file, first line, bytecode hash saved with it). A
 # process where it does not exist (a fresh one, typically) cannot load it: a
-# PackageError says so. If several live functions match and differ in closure
-# or defaults, which one was meant is unknowable: a PackageError too.
+# PackageError says so. A candidate whose closure does not reach the code the
+# file recorded (NOTE: [Guards on the closure of an aot_compile'd function]) or
+# the objects given as external_data (NOTE: [External data]) is not it; that
+# tells apart the wrappers one decorator made. If several live functions are
+# left and differ in closure or defaults, they are looked for again after a
+# garbage collection (a finished scope's cycles keep functions alive); if they
+# still differ, which one was meant is unknowable: a PackageError too.
 
 
 def _function_of(code_key, saved: Any, where, belongs=None):
