@@ -962,6 +962,58 @@ class TestSerializedCode(torch._dynamo.test_case.TestCase):
         self.assertEqual(SerializedCode.from_code_object(code), serialized)
 
 
+class _KernelLike:
+    """What the side table's kernels look like to the helpers: ``fn`` is the
+    function a triton JITFunction wraps."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
+class TestTritonKernelSideTable(torch._dynamo.test_case.TestCase):
+    """_serialize_triton_kernel / _deserialize_triton_kernel (upstream's)."""
+
+    def test_side_table_round_trip_by_module_and_name(self):
+        from torch._dynamo.aot_compile_types import (
+            _deserialize_triton_kernel,
+            _serialize_triton_kernel,
+        )
+        from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+        try:
+            idx = kernel_side_table.add_kernel(_KernelLike(add_one_and_double))
+            saved = {i: _serialize_triton_kernel(k) for i, k in kernel_side_table.id_to_kernel.items()}
+            self.assertEqual(saved[idx], (__name__, "add_one_and_double"))
+            kernel_side_table.reset_table()
+            for i, info in pickle.loads(pickle.dumps(saved)).items():
+                kernel = _deserialize_triton_kernel(info)
+                kernel_side_table.id_to_kernel[i] = kernel
+                kernel_side_table.kernel_to_id[kernel] = i
+            self.assertIs(kernel_side_table.get_kernel(idx), add_one_and_double)
+        finally:
+            kernel_side_table.reset_table()
+
+    def test_kernels_that_cannot_be_found_by_name(self):
+        from torch._dynamo.aot_compile_types import (
+            _deserialize_triton_kernel,
+            _serialize_triton_kernel,
+        )
+
+        def local_kernel():
+            pass
+
+        with self.assertRaisesRegex(RuntimeError, "Kernel fn missing __module__ or __name__"):
+            _serialize_triton_kernel(object())
+        with self.assertRaisesRegex(RuntimeError, "local_kernel is defined in a local scope"):
+            _serialize_triton_kernel(_KernelLike(local_kernel))
+        # Loading imports nothing by name: the kernel's module must be imported.
+        with self.assertRaisesRegex(PackageError, "module not_imported_kernels, which is not imported"):
+            _deserialize_triton_kernel(("not_imported_kernels", "k"))
+        self.assertNotIn("not_imported_kernels", sys.modules)
+        with self.assertRaisesRegex(PackageError, "module torch has no triton kernel no_such_kernel"):
+            _deserialize_triton_kernel(("torch", "no_such_kernel"))
+
+
 class TestGuardsStateEntryPoints(torch._dynamo.test_case.TestCase):
     """torch._dynamo.package.load_guards_state / load_guard_manager, upstream's
     signatures and behaviour."""

@@ -9,10 +9,12 @@ into bytes and bytes back into a callable. The class is found again by module an
 qualified name when loading, so it must be defined at module level.
 
 Provides :class:`SerializableCallable`, :class:`GraphModuleSerializableCallable`
-(a ready-made one that runs the Dynamo graph as it is) and
+(a ready-made one that runs the Dynamo graph as it is),
 :class:`BundledAOTAutogradSerializableCallable` (upstream's name for a graph
 AOTAutograd compiled, saved with its compiled artifacts; here it wraps a
-:class:`BundledGraph`, a builtin backend's graph in the package's graph format).
+:class:`BundledGraph`, a builtin backend's graph in the package's graph format)
+and :func:`_serialize_triton_kernel` / :func:`_deserialize_triton_kernel`
+(upstream's: a user-defined triton kernel of the kernel side table by name).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import abc
 import io
 import logging
 import pickle
+import sys
 from typing import Any, Optional
 
 import torch
@@ -28,6 +31,67 @@ from torch._dynamo.exc import PackageError
 
 
 log = logging.getLogger(__name__)
+
+
+# NOTE: [Triton kernels of the kernel side table]
+# Dynamo puts a user-defined triton kernel it traces into
+# torch._higher_order_ops.triton_kernel_wrap.kernel_side_table and writes its
+# index, not the kernel, into the graph (triton_kernel_wrapper_mutation /
+# _functional nodes). A graph Inductor compiles embeds the kernel's source, but
+# one that runs as an FX graph (aot_eager, regional Inductor outside its
+# regions) looks the kernel up by index when it runs: in a fresh process the
+# table is empty. Upstream saves each kernel by the module and name of the
+# function it wraps (a triton JITFunction holds locks and does not pickle) and
+# puts it back at the same index before loading the graph.
+# _serialize_triton_kernel / _deserialize_triton_kernel are those two halves,
+# with upstream's names and tuples. Loading finds the kernel in a module this
+# process has already imported (the compiled function's own imports bring the
+# kernel's module in) and imports nothing by name (NOTE: [Trust model of
+# compile packages]).
+
+
+def _serialize_triton_kernel(kernel: Any) -> tuple[str, str]:
+    """``(module, name)`` of the function a triton kernel wraps (``kernel.fn``),
+    by which :func:`_deserialize_triton_kernel` finds the kernel again; a
+    RuntimeError when it has none that another process can find."""
+    fn = getattr(kernel, "fn", None)
+    module = getattr(fn, "__module__", None) if fn is not None else None
+    name = getattr(fn, "__name__", None) if fn is not None else None
+    if not (isinstance(module, str) and isinstance(name, str)):
+        raise RuntimeError(
+            f"Kernel fn missing __module__ or __name__: module={module}, name={name}. "
+            "Cannot serialize for precompilation."
+        )
+    if "<locals>" in getattr(fn, "__qualname__", ""):
+        raise RuntimeError(
+            f"Kernel fn {fn.__qualname__} is defined in a local scope and cannot be "
+            "found by name in another process. Cannot serialize for precompilation: "
+            "define the kernel at module level."
+        )
+    return (module, name)
+
+
+def _deserialize_triton_kernel(kernel_info: tuple[str, str]) -> Any:
+    """The kernel ``_serialize_triton_kernel`` described: attribute ``name`` of
+    module ``module``, which this process must have imported (NOTE: [Triton
+    kernels of the kernel side table])."""
+    if not (
+        isinstance(kernel_info, tuple)
+        and len(kernel_info) == 2
+        and all(isinstance(part, str) for part in kernel_info)
+    ):
+        raise PackageError(f"a triton kernel is described as {str(kernel_info)[:80]}, not (module, name)")
+    module_name, name = kernel_info
+    module = sys.modules.get(module_name)
+    if module is None:
+        raise PackageError(
+            f"triton kernel {name} lives in module {module_name}, which is not imported: "
+            "import it before loading"
+        )
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise PackageError(f"module {module_name} has no triton kernel {name}") from None
 
 
 class SerializableCallable(abc.ABC):
