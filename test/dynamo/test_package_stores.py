@@ -197,6 +197,25 @@ class TestPackageStores(torch._dynamo.test_case.TestCase):
         module_path.write_text("def helper(x):\n    return x + 1\n")
         store.load_package(fn, "fn")
 
+    def test_reset_uninstalls_installed_packages(self):
+        # torch._dynamo.reset() is a fresh process: what a package installed
+        # before it no longer serves any compiled callable
+        store = InMemoryDynamoStore()
+        x = torch.randn(4)
+        package = CompilePackage(_fn)
+        torch._dynamo.optimize("eager", package=package)(_fn)(x)
+        store.save_package(package, "k")
+        torch._dynamo.reset()
+        loaded, backends = store.load_package(_fn, "k")
+        loaded.install(backends)
+        other = torch._dynamo.optimize("eager", package=CompilePackage(_fn))(_fn)
+        with torch.compiler.set_stance("fail_on_recompile"):
+            self.assertEqual(other(x), _fn(x))
+        torch._dynamo.reset()
+        with torch.compiler.set_stance("fail_on_recompile"):
+            with self.assertRaisesRegex(RuntimeError, "Detected recompile"):
+                other(x)
+
     def test_system_info_checks(self):
         current = SystemInfo.current()
         current.check_compatibility(SystemInfo.current())

@@ -1114,6 +1114,8 @@ class CompilePackage:
             self.load_files(files, manifest, self._store_key or "<cache entry>")
         self._pending = None
         _installed_packages.add(self)
+        # NOTE: [Installed packages and torch._dynamo.reset()]
+        _uninstall_on_reset()
 
     def uninstall(self) -> None:
         """Drop every entry loaded into this package."""
@@ -2279,6 +2281,35 @@ def _compile_package_cache_entry(package: CompilePackage) -> _DynamoCacheEntry:
 # callback consults them for the codes they hold (upstream installs them as
 # precompiled cache entries of the code in the C frame evaluator).
 _installed_packages: weakref.WeakSet = weakref.WeakSet()
+
+
+# NOTE: [Installed packages and torch._dynamo.reset()]
+# torch._dynamo.reset() makes Dynamo behave as in a fresh process; upstream's
+# reset clears the cache entries of every code Dynamo has seen, and so the
+# precompiled entries a package installed there. Installed packages here live
+# in _installed_packages, which any package-aware callback consults: left
+# there, a package installed before a reset would serve frames after it, in
+# place of the compile (or the fail_on_recompile error) a fresh process gets.
+# reset() resets every backend of eval_frame.cached_backends (the registry it
+# keeps for that), so install() registers _ResetInstalledPackages there, and its
+# reset() uninstalls every installed package.
+class _ResetInstalledPackages:
+    """Uninstalls the installed packages when torch._dynamo.reset() runs."""
+
+    def reset(self) -> None:
+        for package in list(_installed_packages):
+            package.uninstall()
+
+
+_RESET_INSTALLED_PACKAGES = _ResetInstalledPackages()
+
+
+def _uninstall_on_reset() -> None:
+    from torch._dynamo import eval_frame
+
+    backends = getattr(eval_frame, "cached_backends", None)
+    if backends is not None:
+        backends.setdefault(id(_RESET_INSTALLED_PACKAGES), _RESET_INSTALLED_PACKAGES)
 
 
 def installed_lookup(frame, cache_entry, exclude=None):
