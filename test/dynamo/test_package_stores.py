@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch._dynamo.test_case
@@ -87,6 +88,12 @@ print("REPORT " + json.dumps(report))
 
 def _fn(x):
     return x * 3 + 1
+
+
+def _with_graph_break(x):
+    y = x.sin()
+    torch._dynamo.graph_break()
+    return x.cos() + y
 
 
 class TestPackageStores(torch._dynamo.test_case.TestCase):
@@ -197,6 +204,13 @@ class TestPackageStores(torch._dynamo.test_case.TestCase):
         module_path.write_text("def helper(x):\n    return x + 1\n")
         store.load_package(fn, "fn")
 
+    def _compile_with_graph_break(self, x):
+        """_with_graph_break compiled under a package: two codes (the function
+        and the resume function after its graph break), one graph each."""
+        package = CompilePackage(_with_graph_break)
+        compiled = torch._dynamo.optimize("eager", package=package)(_with_graph_break)
+        return package, compiled(x)
+
     def test_reset_uninstalls_installed_packages(self):
         # torch._dynamo.reset() is a fresh process: what a package installed
         # before it no longer serves any compiled callable
@@ -215,6 +229,37 @@ class TestPackageStores(torch._dynamo.test_case.TestCase):
         with torch.compiler.set_stance("fail_on_recompile"):
             with self.assertRaisesRegex(RuntimeError, "Detected recompile"):
                 other(x)
+
+    @torch._dynamo.config.patch(caching_precompile=True)
+    def test_caching_entry_is_recorded_at_compile_time(self):
+        # upstream's test_graph_break_partial_backend: the entry and its
+        # backends are in the PrecompileContext once the frames compiled, and a
+        # code whose backend is gone at save is saved bypassed: a fresh load
+        # compiles that code alone again
+        x = torch.randn(3)
+        with mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp / "cache")}):
+            expected = torch.compile(_with_graph_break, backend="eager")(x)
+            (entry,) = PrecompileContext._dynamo_cache_entries.values()
+            main, resume = sorted(entry.codes, key=lambda code: code.code_key[0])
+            self.assertEqual(
+                (main.code_key[0], main.python_module, main.function_names, main.install_to_global),
+                ("function", __name__, [], False),
+            )
+            self.assertEqual((resume.code_key[0], resume.install_to_global), ("resume", True))
+            self.assertEqual(len(resume.backend_ids), 1)
+            for name in resume.function_names:
+                self.assertIn(name, globals())
+            self.assertEqual(set(PrecompileContext._backend_artifacts_by_key), entry.backend_ids)
+            del PrecompileContext._backend_artifacts_by_key[resume.backend_ids[0]]
+            debug = PrecompileContext.save_to_dynamo_cache()
+            self.assertEqual((len(debug["dynamo"]), len(debug["backends"])), (1, 1))
+            torch._dynamo.reset()
+            PrecompileContext.clear()
+            compiled = torch.compile(_with_graph_break, backend="eager")
+            with torch.compiler.set_stance("fail_on_recompile"):
+                with self.assertRaisesRegex(RuntimeError, "function name: 'torch_dynamo_resume_in"):
+                    compiled(x)
+            self.assertEqual(compiled(x), expected)
 
     def test_system_info_checks(self):
         current = SystemInfo.current()

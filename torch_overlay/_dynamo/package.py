@@ -983,6 +983,9 @@ class CompilePackage:
         self._cached_backends: dict[str, Any] = {}
         self._pending: Optional[_DynamoCacheEntry] = None
         self._store_key: Optional[str] = None
+        # Backend ids cache_entry() has recorded in the PrecompileContext, each
+        # once (NOTE: [Recording a package's cache entry]).
+        self._recorded_backend_ids: set[str] = set()
         self.backend: Optional[RecordingBackend] = None
         self.entries: list[_Entry] = []
         self._graph_records: dict[str, _GraphRecord] = {}
@@ -1129,6 +1132,9 @@ class CompilePackage:
         self.backend.package_uid = self._uid
         _packages_by_uid[self._uid] = self
         return self.backend
+
+    def _root_qualnames(self) -> frozenset:
+        return frozenset(code.co_qualname for code in self._root_codes())
 
     def _root_codes(self) -> list[types.CodeType]:
         fn = self._fn
@@ -1815,6 +1821,14 @@ class PackageAwareConvertFrame:
 
         return clone
 
+    def _records_cache_entries(self) -> bool:
+        """Whether each compile records the package in the PrecompileContext:
+        under config.caching_precompile, and always for a package of its own."""
+        package = self.package
+        return package.is_initialized() and (
+            torch._dynamo.config.caching_precompile or getattr(package, "caching_precompile", False)
+        )
+
     def lookup_precompiled(self, frame, cache_entry):
         guarded = self.package.lookup(frame, cache_entry)
         if guarded is None:
@@ -1842,8 +1856,13 @@ class PackageAwareConvertFrame:
         hooks = _with_frozen_parameter_filter(hooks, self.package.backend)
         entries = self.package.entries
         before = len(entries)
+        skipped = len(self.package.skipped)
         with _recording(self.package):
             result = self._inner(frame, cache_entry, hooks, frame_state, **kwargs)
+        if (len(entries), len(self.package.skipped)) != (before, skipped) and self._records_cache_entries():
+            # As upstream's ConvertFrameAssert: the package changed, record it
+            # (NOTE: [Recording a package's cache entry]).
+            DynamoCache.record_package(self.package)
         if len(entries) == before + 1:
             # The entry this frame's compile recorded: other packages' models
             # that its guards accept hold it too (NOTE: [Entries a package's model uses]).
@@ -2019,20 +2038,25 @@ def find_precompiled_lookup(callback):
 
 # NOTE: [Packages in upstream's shape]
 # Upstream (torch 2.8+) splits what a torch.compile() saves in two: a
-# _DynamoCacheEntry (bytecode, guards, the codes it runs) and backend
+# _DynamoCacheEntry (one _DynamoCodeCacheEntry per code Dynamo compiled: its
+# bytecode and guards, the globals it needs, the graphs it calls) and backend
 # artifacts, one per compiled graph, keyed by backend id and recorded in the
 # PrecompileContext. A DynamoStore stitches them into a PrecompileCacheEntry
 # and writes it; load_package reads one back into a CompilePackage, whose
 # install(backends) makes its entries live. Here the same split sits on the
 # package format this module writes (NOTE: [Package format]): the Dynamo half
-# is dynamo.bin, the kernels and the manifest's fields; each graphs/<id>.bin is
-# one backend artifact (a PackageGraphArtifact), its id the graph's artifact
+# is dynamo.bin (the entries of every code not bypassed), the kernels and the
+# manifest's fields (the codes saved bypassed among them); each graphs/<id>.bin
+# is one backend artifact (a PackageGraphArtifact), its id the graph's artifact
 # name, which is what package.cached_backends, debug info and the
-# PrecompileContext key it by. A DiskDynamoStore writes a PrecompileCacheEntry
-# as a package directory (manifest re-hashed, re-signed with
+# PrecompileContext key it by. A code is keyed as its entries are (NOTE: [Keys
+# of package entries]). A DiskDynamoStore writes a PrecompileCacheEntry as a
+# package directory (manifest re-hashed, re-signed with
 # config.package_signing_key), so torch.compile(package=...), save_package /
 # load_package, the Dynamo cache of caching_precompile and upstream's stores
-# all read and write one format, through one trust check (read_package).
+# all read and write one format, through one trust check (read_package). What
+# package.cache_entry() records, and when it becomes files: NOTE: [Recording a
+# package's cache entry].
 
 
 @dataclasses.dataclass(frozen=True)
@@ -2168,32 +2192,193 @@ class SystemInfo:
 _GRAPH_PREFIX, _GRAPH_SUFFIX = "graphs/", ".bin"
 
 
+@functools.lru_cache(maxsize=1024)
+def _resume_ref_fingerprint(data: bytes) -> str:
+    """The fingerprint of the resume function a global reference holds (the
+    key of that function's own entries: NOTE: [Keys of package entries])."""
+    return _code_fingerprint(load_code(data, "a resume function"))
+
+
+@dataclasses.dataclass
+class _DynamoCodeCacheEntry:
+    """One code Dynamo compiled under a package (upstream's name and fields):
+    the module whose globals it runs in; the global names its callers reach it
+    by (a resume function, which a load installs as a global of that module:
+    install_to_global); its entries (guarded_codes: bytecode and guards, or
+    Dynamo's decision to skip it, NOTE: [Frames Dynamo skips]); the modules its
+    bytecode names and the graphs (backend ids) it calls. A bypassed code is
+    saved without its entries: a fresh process compiles it again."""
+
+    code_key: tuple
+    python_module: str
+    function_names: list[str]
+    guarded_codes: list[_Entry]
+    import_sources: dict[str, str]
+    backend_ids: list[str]
+    install_to_global: bool
+    code_source: Optional[str] = None
+    has_compile_id: bool = True
+    bypassed: bool = False
+
+
+def _codes_of_entries(entries: list[_Entry], root_qualnames: frozenset = frozenset()) -> list[_DynamoCodeCacheEntry]:
+    """``entries`` grouped by the code they were compiled for, in order. A code
+    of ``root_qualnames`` (the compiled callable's own) has no function name,
+    as upstream's main code has none."""
+    names_by_fingerprint: dict[str, list[str]] = {}
+    for entry in entries:
+        for name, ref in entry.globals.items():
+            if ref[0] == "resume":
+                names = names_by_fingerprint.setdefault(_resume_ref_fingerprint(ref[2]), [])
+                if name not in names:
+                    names.append(name)
+    codes: dict[tuple, _DynamoCodeCacheEntry] = {}
+    for entry in entries:
+        key = tuple(entry.code_key)
+        code = codes.get(key)
+        if code is None:
+            if key[0] == "resume":
+                names = list(names_by_fingerprint.get(key[2], []))
+            elif key[0] == "function" and key[2] not in root_qualnames:
+                names = [key[2]]
+            else:
+                names = []
+            code = codes[key] = _DynamoCodeCacheEntry(
+                code_key=key,
+                python_module=entry.global_module,
+                function_names=names,
+                guarded_codes=[],
+                import_sources={},
+                backend_ids=[],
+                install_to_global=key[0] == "resume" and bool(names),
+            )
+        code.guarded_codes.append(entry)
+        for name, ref in entry.globals.items():
+            if ref[0] == "graph" and ref[1] not in code.backend_ids:
+                code.backend_ids.append(ref[1])
+            elif ref[0] == "module":
+                code.import_sources[name] = ref[1]
+    return list(codes.values())
+
+
+def _bypassed_codes(manifest: dict, where) -> list[_DynamoCodeCacheEntry]:
+    """The codes a package was saved without (its manifest's bypassed_codes)."""
+    keys = manifest.get("bypassed_codes", [])
+    if not (
+        isinstance(keys, list)
+        and all(
+            isinstance(key, list)
+            and len(key) == 3
+            and key[0] in _CODE_KEY_KINDS
+            and all(isinstance(part, str) for part in key)
+            for key in keys
+        )
+    ):
+        raise PackageError(f"package {where}: its manifest's bypassed_codes are malformed")
+    return [
+        _DynamoCodeCacheEntry(
+            code_key=tuple(key),
+            python_module=key[1] if key[0] != "resume" else "",
+            function_names=[],
+            guarded_codes=[],
+            import_sources={},
+            backend_ids=[],
+            install_to_global=False,
+            bypassed=True,
+        )
+        for key in keys
+    ]
+
+
+# NOTE: [Recording a package's cache entry]
+# Upstream records a package's _DynamoCacheEntry in the PrecompileContext after
+# every frame Dynamo compiles under it (with config.caching_precompile), and
+# each backend records its compiled graph's artifact as it compiles it. Here a
+# graph can be saved only once it is whole: Inductor's lazily compiled backward
+# joins its AOTAutograd cache entry on the first backward. So the entry
+# package.cache_entry() records is taken in two steps. At once: its codes (what
+# was compiled, the graphs each calls), and for every graph the package has
+# not recorded before, a PackageGraphArtifact with no content yet, under its
+# backend id. When it is written (DynamoStore.save_cache_entry,
+# PrecompileContext.save_to_dynamo_cache, install): PrecompileCacheEntry
+# .materialize() collects the package's files then, fills each artifact the
+# entry was given with its graph's bytes, and bypasses the codes whose graphs
+# are not among them (an artifact deleted from the PrecompileContext, an entry
+# the package left out), as upstream's from_cache_entry does.
+
+
 @dataclasses.dataclass
 class _DynamoCacheEntry:
     """The Dynamo half of a saved package (NOTE: [Packages in upstream's shape]):
-    every file but the graphs, the manifest's fields, and the ids of the graphs
-    (backends) its entries call."""
+    its codes, the sources they inlined and the system they were compiled on;
+    once materialized, the kernels and the manifest's fields too (dynamo.bin is
+    written from the codes)."""
 
-    files: dict[str, bytes]
-    manifest: dict
-    backend_ids: set[str]
+    codes: list[_DynamoCodeCacheEntry]
     source_info: SourceInfo
-    system_info: SystemInfo
+    system_info: SystemInfo = dataclasses.field(default_factory=SystemInfo.current)
+    fn_name: Optional[str] = None
+    fn_first_lineno: Optional[int] = None
+    files: dict[str, bytes] = dataclasses.field(default_factory=dict)
+    manifest: dict = dataclasses.field(default_factory=dict)
+    # The package it was recorded from, until materialize() has collected its
+    # files (NOTE: [Recording a package's cache entry]).
+    _package: Optional[CompilePackage] = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def backend_ids(self) -> set[str]:
+        return {backend_id for code in self.codes for backend_id in code.backend_ids}
 
     def entries(self) -> list[_Entry]:
-        return _read_entries(self.files, "<cache entry>")
+        """The entries a write keeps: those of every code not bypassed."""
+        return [entry for code in self.codes if not code.bypassed for entry in code.guarded_codes]
 
     def check_versions(self) -> None:
         self.system_info.check_compatibility(SystemInfo.current())
 
     def debug_info(self) -> dict[str, Any]:
         return {
+            "num_codes": str(len(self.codes)),
+            "fn_name": self.fn_name,
+            "fn_first_lineno": self.fn_first_lineno,
             "python_version": self.system_info.python_version,
             "torch_version": self.system_info.torch_version,
-            "codes": [_describe_key(entry.code_key) for entry in self.entries()],
+            "codes": [_describe_key(code.code_key) for code in self.codes],
+            "bypassed": [_describe_key(code.code_key) for code in self.codes if code.bypassed],
             "backend_ids": sorted(self.backend_ids),
             "inlined_sources": sorted(s.module for s in self.source_info.inlined_sources),
         }
+
+    def materialize(self) -> dict[str, bytes]:
+        """Collect the files of the package this entry was recorded from: its
+        codes as the package holds them now, bypass flags kept (a code whose
+        entries the package left out is bypassed), and the graphs' bytes by
+        backend id, which this returns (empty once materialized)."""
+        package = self._package
+        if package is None:
+            return {}
+        files, manifest = package.collect_files()
+        graphs, kept = {}, {}
+        for name, data in files.items():
+            if name.startswith(_GRAPH_PREFIX) and name.endswith(_GRAPH_SUFFIX):
+                graphs[name[len(_GRAPH_PREFIX) : -len(_GRAPH_SUFFIX)]] = data
+            elif name not in (SIGNATURE_FILE, _DYNAMO_FILE):
+                kept[name] = data
+        collected = _codes_of_entries(_read_entries(files, package.path or "<package>"), package._root_qualnames())
+        by_key = {code.code_key: code for code in collected}
+        codes = []
+        for code in self.codes:
+            now = by_key.pop(code.code_key, None)
+            if now is None:
+                codes.append(dataclasses.replace(code, guarded_codes=[], bypassed=True))
+            else:
+                now.bypassed = code.bypassed
+                codes.append(now)
+        self.codes = codes + list(by_key.values())
+        self.files = kept
+        self.manifest = {k: v for k, v in manifest.items() if k not in ("files", "bypassed_codes")}
+        self._package = None
+        return graphs
 
 
 @dataclasses.dataclass
@@ -2205,27 +2390,72 @@ class PrecompileCacheEntry:
     backends: dict[str, Any]
 
     @staticmethod
-    def from_cache_entry(cache_entry: _DynamoCacheEntry, backends: dict[str, Any]) -> Optional[PrecompileCacheEntry]:
-        """The entry with its backends, or None (logged) when one is missing."""
+    def from_cache_entry(cache_entry: _DynamoCacheEntry, backends: dict[str, Any]) -> PrecompileCacheEntry:
+        """The entry with the backends its codes call; a code calling one that
+        ``backends`` lacks is bypassed (logged), as upstream does."""
         content = {}
-        for backend_id in sorted(cache_entry.backend_ids):
-            if backend_id not in backends:
-                log.warning("precompile cache entry bypassed: backend %s not found", backend_id)
-                return None
-            content[backend_id] = backends[backend_id]
+        for code in cache_entry.codes:
+            missing = [backend_id for backend_id in code.backend_ids if backend_id not in backends]
+            if missing:
+                log.warning(
+                    "precompile cache entry: %s is bypassed: backend %s not found",
+                    _describe_key(code.code_key),
+                    missing[0],
+                )
+                code.bypassed = True
+                continue
+            for backend_id in code.backend_ids:
+                content[backend_id] = backends[backend_id]
         return PrecompileCacheEntry(dynamo=cache_entry, backends=content)
+
+    def materialize(self) -> None:
+        """Fill the backend artifacts with the graphs of the package the Dynamo
+        entry was recorded from (NOTE: [Recording a package's cache entry])."""
+        from torch._dynamo.precompile_context import PackageGraphArtifact
+
+        graphs = self.dynamo.materialize()
+        for backend_id in list(self.backends):
+            if backend_id in graphs:
+                self.backends[backend_id] = PackageGraphArtifact(key=backend_id, content=graphs[backend_id])
 
     def files_and_manifest(self) -> tuple[dict[str, bytes], dict]:
         """The package files this entry is written as, and their manifest."""
         from torch._dynamo.precompile_context import BackendCacheArtifact
 
+        self.materialize()
         files = dict(self.dynamo.files)
-        for backend_id, artifact in self.backends.items():
+        entries, bypassed = [], []
+        for code in self.dynamo.codes:
+            graphs = {ref[1] for entry in code.guarded_codes for ref in entry.globals.values() if ref[0] == "graph"}
+            missing = sorted(graphs - set(self.backends))
+            if missing and not code.bypassed:
+                log.warning(
+                    "precompile cache entry: %s is bypassed: backend %s not found",
+                    _describe_key(code.code_key),
+                    missing[0],
+                )
+                code.bypassed = True
+            if code.bypassed:
+                bypassed.append(list(code.code_key))
+            else:
+                entries.extend(code.guarded_codes)
+        files[_DYNAMO_FILE] = pickle.dumps([dataclasses.astuple(e) for e in entries], protocol=pickle.HIGHEST_PROTOCOL)
+        for backend_id in sorted({ref[1] for e in entries for ref in e.globals.values() if ref[0] == "graph"}):
+            artifact = self.backends[backend_id]
             if not isinstance(artifact, BackendCacheArtifact):
                 raise PackageError(f"backend {backend_id} is a {type(artifact).__name__}, not a BackendCacheArtifact")
             files[f"{_GRAPH_PREFIX}{backend_id}{_GRAPH_SUFFIX}"] = artifact.package_bytes()
-        files.pop(SIGNATURE_FILE, None)
         manifest = dict(self.dynamo.manifest)
+        manifest.update(
+            {
+                "entries": sum(1 for entry in entries if entry.out_code),
+                "skipped_frames": sum(1 for entry in entries if not entry.out_code),
+                "bypassed_codes": bypassed,
+                "toolkit_version": self.dynamo.system_info.toolkit_version,
+                "gpu_name": self.dynamo.system_info.gpu_name,
+                "inlined_sources": self.dynamo.source_info.as_fields(),
+            }
+        )
         manifest["files"] = {name: _sha256(data) for name, data in sorted(files.items())}
         signature = sign_manifest(manifest_bytes(manifest))
         if signature is not None:
@@ -2242,9 +2472,9 @@ class PrecompileCacheEntry:
             if name.startswith(_GRAPH_PREFIX) and name.endswith(_GRAPH_SUFFIX):
                 backend_id = name[len(_GRAPH_PREFIX) : -len(_GRAPH_SUFFIX)]
                 backends[backend_id] = PackageGraphArtifact(key=backend_id, content=data)
-            elif name != SIGNATURE_FILE:
+            elif name not in (SIGNATURE_FILE, _DYNAMO_FILE):
                 dynamo_files[name] = data
-        fields = {k: v for k, v in manifest.items() if k != "files"}
+        codes = _codes_of_entries(_read_entries(files, where)) + _bypassed_codes(manifest, where)
         system = SystemInfo(
             python_version=str(manifest.get("python_version")),
             torch_version=str(manifest.get("torch_version")),
@@ -2252,29 +2482,40 @@ class PrecompileCacheEntry:
             gpu_name=manifest.get("gpu_name"),
         )
         entry = _DynamoCacheEntry(
-            files=dynamo_files,
-            manifest=fields,
-            backend_ids=set(backends),
+            codes=codes,
             source_info=SourceInfo.from_fields(manifest.get("inlined_sources", []), where),
             system_info=system,
+            files=dynamo_files,
+            manifest={k: v for k, v in manifest.items() if k not in ("files", "bypassed_codes")},
         )
         return cls(dynamo=entry, backends=backends)
 
 
 def _compile_package_cache_entry(package: CompilePackage) -> _DynamoCacheEntry:
-    """``package.cache_entry()``: its Dynamo half; its graphs are recorded in
-    the PrecompileContext as backend artifacts (NOTE: [Packages in upstream's shape])."""
-    from torch._dynamo.precompile_context import PrecompileContext
+    """``package.cache_entry()``: its codes now, its files when it is written;
+    each graph it has not recorded yet is recorded in the PrecompileContext as
+    a backend artifact to be filled (NOTE: [Recording a package's cache entry])."""
+    from torch._dynamo.eval_frame import innermost_fn
+    from torch._dynamo.precompile_context import PackageGraphArtifact, PrecompileContext
 
-    files, manifest = package.collect_files()
-    split = PrecompileCacheEntry.from_files(files, manifest, package.path or "<package>")
-    for artifact in split.backends.values():
-        PrecompileContext.record_artifact(artifact)
-    split.dynamo.system_info = SystemInfo.current()
-    split.dynamo.manifest.update(
-        {"toolkit_version": split.dynamo.system_info.toolkit_version, "gpu_name": split.dynamo.system_info.gpu_name}
+    codes = _codes_of_entries(package.entries + package.skipped, package._root_qualnames())
+    for code in codes:
+        for backend_id in code.backend_ids:
+            if backend_id not in package._recorded_backend_ids:
+                package._recorded_backend_ids.add(backend_id)
+                PrecompileContext.record_artifact(PackageGraphArtifact(key=backend_id, content=None))
+    fn = innermost_fn(package._fn)
+    if isinstance(fn, torch.nn.Module):
+        fn = type(fn).forward
+    fn = getattr(fn, "__func__", fn)
+    fn_code = getattr(fn, "__code__", None)
+    return _DynamoCacheEntry(
+        codes=codes,
+        source_info=package.source_info,
+        fn_name=getattr(fn, "__qualname__", None),
+        fn_first_lineno=fn_code.co_firstlineno if fn_code is not None else None,
+        _package=package,
     )
-    return split.dynamo
 
 
 # Packages installed with CompilePackage.install: any package-aware Dynamo
@@ -2381,13 +2622,14 @@ class DynamoStore:
             if not isinstance(artifact, BackendCacheArtifact):
                 raise AssertionError(f"Expected BackendCacheArtifact, got {type(artifact)}")
             backends[backend_id] = artifact
-        self.write(PrecompileCacheEntry(cache_entry, backends), key)
+        entry = PrecompileCacheEntry(cache_entry, backends)
+        entry.materialize()
+        self.write(entry, key)
 
     def save_package(self, package: CompilePackage, key: str) -> None:
+        """Record ``package`` in the PrecompileContext and write it under ``key``."""
         self.record_package(package)
-        from torch._dynamo.precompile_context import PrecompileContext
-
-        self.save_cache_entry(PrecompileContext._dynamo_cache_entries[package.source_id], key)
+        self.save_cache_entry(package.cache_entry(), key)
 
     def load_cache_entry(self, key: str) -> PrecompileCacheEntry:
         from torch._dynamo.precompile_context import BackendCacheArtifact, PrecompileContext

@@ -14,8 +14,9 @@ given no ``package=`` gets a compile package of its own
 (:meth:`PrecompileContext.new_caching_package`). When the compiled callable
 wraps its function, the package is bound to it and read back from the Dynamo
 cache if an earlier process saved one there, so the saved entries run without
-compiling. ``torch.compiler.save_cache_artifacts()`` writes every such package
-that holds entries.
+compiling. Each frame compiled under the package records its cache entry here
+(as upstream's ConvertFrameAssert does), and
+``torch.compiler.save_cache_artifacts()`` writes every entry recorded.
 
 # NOTE: [Dynamo cache key]
 # A function's package lives under <inductor cache dir>/dynamo/<key>, the key
@@ -83,7 +84,9 @@ class EagerCacheArtifact(BackendCacheArtifact[Any]):
 
 class PackageGraphArtifact(BackendCacheArtifact[Any]):
     """A graph as a compile package holds it: the bytes of ``graphs/<id>.bin``
-    (any backend: eager, aot_eager, Inductor with its kernels' sources)."""
+    (any backend: eager, aot_eager, Inductor with its kernels' sources). Its
+    content is None until the entry that calls it is written (NOTE: [Recording
+    a package's cache entry] in torch/_dynamo/package.py)."""
 
     def after_deserialization(self) -> Any:
         from torch._dynamo.package_artifacts import _KernelRedirect, deserialize_graph
@@ -114,19 +117,17 @@ class PrecompileContext:
     """Dynamo cache entries and backend artifacts recorded in this process."""
 
     _backend_artifacts_by_key: dict[str, BackendCacheArtifact[Any]] = {}
-    _dynamo_cache_entries: dict[str, _DynamoCacheEntry] = {}
     # NOTE: [Caching packages outlive their compiled callables]
     # save_cache_artifacts() writes what was compiled in this process even when
-    # the torch.compile()'d callable that compiled it is gone (upstream records
-    # each compile's cache entry as it happens), so caching packages are held
-    # strongly, in creation order, until the process saves or clear() is called.
-    _packages: list[CompilePackage] = []
+    # the torch.compile()'d callable that compiled it is gone: each entry
+    # recorded here holds its package until it is written (materialized) or
+    # clear() is called.
+    _dynamo_cache_entries: dict[str, _DynamoCacheEntry] = {}
 
     @classmethod
     def clear(cls) -> None:
         cls._backend_artifacts_by_key.clear()
         cls._dynamo_cache_entries.clear()
-        cls._packages.clear()
 
     @classmethod
     def record_artifact(cls, artifact: BackendCacheArtifact[Any]) -> None:
@@ -170,7 +171,6 @@ class PrecompileContext:
         by :meth:`bind` once the function is known."""
         package = CompilePackage(None)
         package.caching_precompile = True  # type: ignore[attr-defined]
-        cls._packages.append(package)
         return package
 
     @classmethod
@@ -199,25 +199,23 @@ class PrecompileContext:
         log.info("loaded %d precompiled entries for %s from %s", len(loaded), fn, path)
 
     @classmethod
-    def _record_caching_packages(cls) -> None:
-        for package in cls._packages:
-            if package.path is not None and (package.entries or package.skipped):
-                try:
-                    cls.record_dynamo_cache_entry(package.cache_entry(), key=package.source_id)
-                except BypassDynamoCacheEntry as e:
-                    log.warning("precompile cache entry of %s bypassed: %s", package.path, e)
-
-    @classmethod
     def create_cache_entries(cls) -> tuple[dict[str, PrecompileCacheEntry], dict[str, Any]]:
-        """Every recorded Dynamo cache entry with its backends, and debug info."""
-        cls._record_caching_packages()
+        """Every recorded Dynamo cache entry with its backends, and debug info.
+
+        A code whose backends are not all recorded is bypassed (saved without
+        its entries); an entry that cannot be written is left out with a
+        warning, as upstream does."""
         debug_info = cls.dump_debug_info(cls._dynamo_cache_entries, cls._backend_artifacts_by_key)
         log.debug("dynamo cache entries: %s", json.dumps({"num_entries": len(cls._dynamo_cache_entries)}))
         entries = {}
         for key, cache_entry in cls._dynamo_cache_entries.items():
-            entry = PrecompileCacheEntry.from_cache_entry(cache_entry, cls._backend_artifacts_by_key)
-            if entry is not None:
-                entries[key] = entry
+            try:
+                entry = PrecompileCacheEntry.from_cache_entry(cache_entry, cls._backend_artifacts_by_key)
+                entry.materialize()
+            except Exception:
+                log.warning("precompile cache entry %s cannot be written", key, exc_info=True)
+                continue
+            entries[key] = entry
         return entries, debug_info
 
     @classmethod
