@@ -19,6 +19,7 @@ from unittest import mock
 
 import torch
 import torch._dynamo.test_case
+from torch._dynamo import convert_frame
 from torch._dynamo.exc import PackageError
 from torch._dynamo.package import (
     CompilePackage,
@@ -211,6 +212,25 @@ class TestPackageStores(torch._dynamo.test_case.TestCase):
         compiled = torch._dynamo.optimize("eager", package=package)(_with_graph_break)
         return package, compiled(x)
 
+    def test_loaded_codes_count_as_compiled_frames(self):
+        # as upstream's install: every code a package holds is a frame, so a
+        # load leaves convert_frame.FRAME_COUNTER where the compile left it
+        store = InMemoryDynamoStore()
+        x = torch.randn(3)
+        package, expected = self._compile_with_graph_break(x)
+        compiled_frames = convert_frame.FRAME_COUNTER
+        self.assertEqual(compiled_frames, 2)
+        store.save_package(package, "k")
+        torch._dynamo.reset()
+        self.assertEqual(convert_frame.FRAME_COUNTER, 0)
+        loaded, backends = store.load_package(_with_graph_break, "k")
+        compiled = torch._dynamo.optimize(package=loaded)(_with_graph_break)
+        loaded.install(backends)
+        self.assertEqual(convert_frame.FRAME_COUNTER, compiled_frames)
+        with torch.compiler.set_stance("fail_on_recompile"):
+            self.assertEqual(compiled(x), expected)
+        self.assertEqual(convert_frame.FRAME_COUNTER, compiled_frames)
+
     def test_reset_uninstalls_installed_packages(self):
         # torch._dynamo.reset() is a fresh process: what a package installed
         # before it no longer serves any compiled callable
@@ -239,6 +259,7 @@ class TestPackageStores(torch._dynamo.test_case.TestCase):
         x = torch.randn(3)
         with mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp / "cache")}):
             expected = torch.compile(_with_graph_break, backend="eager")(x)
+            compiled_frames = convert_frame.FRAME_COUNTER
             (entry,) = PrecompileContext._dynamo_cache_entries.values()
             main, resume = sorted(entry.codes, key=lambda code: code.code_key[0])
             self.assertEqual(
@@ -256,10 +277,13 @@ class TestPackageStores(torch._dynamo.test_case.TestCase):
             torch._dynamo.reset()
             PrecompileContext.clear()
             compiled = torch.compile(_with_graph_break, backend="eager")
+            # both codes were compiled by the process that saved
+            self.assertEqual(convert_frame.FRAME_COUNTER, compiled_frames)
             with torch.compiler.set_stance("fail_on_recompile"):
                 with self.assertRaisesRegex(RuntimeError, "function name: 'torch_dynamo_resume_in"):
                     compiled(x)
             self.assertEqual(compiled(x), expected)
+            self.assertEqual(convert_frame.FRAME_COUNTER, compiled_frames + 1)
 
     def test_system_info_checks(self):
         current = SystemInfo.current()

@@ -1119,6 +1119,8 @@ class CompilePackage:
         _installed_packages.add(self)
         # NOTE: [Installed packages and torch._dynamo.reset()]
         _uninstall_on_reset()
+        # NOTE: [Frames of loaded packages]
+        _count_loaded_frames(int(self.load_stats["codes"]))
 
     def uninstall(self) -> None:
         """Drop every entry loaded into this package."""
@@ -1512,7 +1514,10 @@ class CompilePackage:
         and checked against the manifest's sha256. The cyclic GC is paused
         meanwhile (NOTE: [No cyclic GC during a load])."""
         with cyclic_gc_paused():
-            return self._load(path)
+            loaded = self._load(path)
+        # NOTE: [Frames of loaded packages]
+        _count_loaded_frames(int(self.load_stats["codes"]))
+        return loaded
 
     def _load(self, path: Optional[str]) -> list[_LoadedEntry]:
         given = path or self.path
@@ -1591,6 +1596,9 @@ class CompilePackage:
         # frame's first lookup and kernel binaries load when a graph first runs.
         self.load_stats = {
             "entries": len(installed),
+            # The codes Dynamo compiled under the package (NOTE: [Frames of
+            # loaded packages]): those with entries and those saved without.
+            "codes": len({tuple(entry.code_key) for entry in entries}) + len(_bypassed_codes(manifest, path)),
             "kernels": len(kernel_paths),
             "verify_s": verified - started,
             "unpickle_s": unpickled - verified,
@@ -2516,6 +2524,24 @@ def _compile_package_cache_entry(package: CompilePackage) -> _DynamoCacheEntry:
         fn_first_lineno=fn_code.co_firstlineno if fn_code is not None else None,
         _package=package,
     )
+
+
+# NOTE: [Frames of loaded packages]
+# Upstream's install counts every code of a package that Dynamo compiled as a
+# frame, as if the process had compiled it (a new frame id in
+# convert_frame.FRAME_COUNTER, bypassed codes included), so that a process
+# loading what another one saved counts the frames that one did. A load here
+# (install, load, the Dynamo cache) counts the same: every code it holds
+# entries for and every code the package was saved without.
+def _count_loaded_frames(codes: int) -> None:
+    from torch._dynamo import convert_frame
+    from torch._dynamo.utils import increment_frame
+
+    for _ in range(codes):
+        increment_frame()
+        frame_id = convert_frame.FRAME_COUNTER
+        convert_frame.FRAME_COUNTER += 1
+        convert_frame.FRAME_COMPILE_COUNTER[frame_id] += 1
 
 
 # Packages installed with CompilePackage.install: any package-aware Dynamo
