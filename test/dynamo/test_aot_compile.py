@@ -809,6 +809,30 @@ class TestAOTCompile(torch._dynamo.test_case.TestCase):
         )
         self.assertEqual({k: load[k] for k in ("same", "traced_graphs")}, {"same": True, "traced_graphs": 0})
 
+    def test_aot_compile_fullgraph_takes_torch_compiles_dynamic(self):
+        from torch._dynamo.aot_compile import aot_compile_fullgraph
+        from torch._dynamo.aot_compile_types import GraphModuleSerializableCallable
+
+        settings = []
+
+        def backend(gm, example_inputs):
+            settings.append(
+                (
+                    torch._dynamo.config.automatic_dynamic_shapes,
+                    torch._dynamo.config.assume_static_by_default,
+                )
+            )
+            return GraphModuleSerializableCallable(gm)
+
+        x = torch.randn(3, 4)
+        with torch._dynamo.config.patch("enable_aot_compile", True):
+            for dynamic in (None, False, True):
+                compiled = aot_compile_fullgraph(add_one_and_double, backend, ((x,), {}), dynamic=dynamic)
+                self.assertEqual(compiled(x), add_one_and_double(x))
+        # upstream's: dynamic=False turns automatic dynamic shapes off while
+        # compiling, True assumes every size dynamic
+        self.assertEqual(settings, [(True, True), (False, True), (True, False)])
+
     def test_aot_compile_under_fail_on_recompile_compiles(self):
         def fn(x):
             return x.cos() + 1

@@ -459,11 +459,11 @@ class _AOTGuardFilter:
         return keep
 
 
-def _compile_fullgraph(fn, backend, args, kwargs, guard_filter) -> CompilePackage:
+def _compile_fullgraph(fn, backend, args, kwargs, guard_filter, dynamic=None) -> CompilePackage:
     package = CompilePackage(fn)
     fresh = _fresh_function(fn)
     compiled = torch._dynamo.optimize(
-        backend, nopython=True, package=package, guard_filter_fn=guard_filter
+        backend, nopython=True, package=package, guard_filter_fn=guard_filter, dynamic=dynamic
     )(fresh)
     # See NOTE: [aot_compile is not a recompile]
     with torch.compiler.set_stance("default"):
@@ -491,9 +491,13 @@ def _check_custom_backend_output(package: CompilePackage) -> None:
             )
 
 
-def aot_compile_fullgraph(fn, backend, example_inputs, guard_filter_fn=None) -> AOTCompiledFunction:
+def aot_compile_fullgraph(
+    fn, backend, example_inputs, guard_filter_fn=None, dynamic: Optional[bool] = None
+) -> AOTCompiledFunction:
     """``torch.compile(fn, fullgraph=True).aot_compile((args, kwargs))``; the
-    guards kept are those ``guard_filter_fn`` (torch.compile's option) selects."""
+    guards kept are those ``guard_filter_fn`` (torch.compile's option) selects,
+    and ``dynamic`` is torch.compile's (None: its default; False: static
+    shapes, automatic dynamic shapes off, as upstream's)."""
     require_aot_compile_enabled()
     try:
         args, kwargs = example_inputs
@@ -511,7 +515,7 @@ def aot_compile_fullgraph(fn, backend, example_inputs, guard_filter_fn=None) -> 
     if not isinstance(fn, types.FunctionType):
         raise TypeError(f"aot_compile needs a Python function or an nn.Module, not {fn!r}")
     guard_filter = _AOTGuardFilter(fn, guard_filter_fn)
-    package = _compile_fullgraph(fn, backend, args, kwargs, guard_filter)
+    package = _compile_fullgraph(fn, backend, args, kwargs, guard_filter, dynamic)
     # The function's own source is one of those it was traced from.
     package.source_info.add_code(fn.__code__)
     _check_custom_backend_output(package)
@@ -930,7 +934,11 @@ class AOTCompiledModel:
 
 
 def aot_compile_module(
-    model: torch.nn.Module, inputs: list[ModelInput], backend, guard_filter_fn=None
+    model: torch.nn.Module,
+    inputs: list[ModelInput],
+    backend,
+    guard_filter_fn=None,
+    dynamic: Optional[bool] = None,
 ) -> AOTCompiledModel:
     """Compile ``model``'s forward ahead of time once per :class:`ModelInput`."""
     require_aot_compile_enabled()
@@ -946,6 +954,7 @@ def aot_compile_module(
                     backend,
                     (model_input.args, model_input.kwargs),
                     guard_filter_fn=guard_filter_fn,
+                    dynamic=dynamic,
                 )
             )
     return AOTCompiledModel(model, results)
