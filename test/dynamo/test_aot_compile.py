@@ -502,6 +502,55 @@ print("REPORT" + json.dumps(report))
 """
 
 
+# A function whose bytecode builds its output with a module-level class (an
+# external reference) and adds a module-level tensor (a graph input).
+GLOBALS_MODULE = """
+import torch
+
+BIAS = torch.ones(3)
+
+class Boxed:
+    def __init__(self, value):
+        self.value = value
+
+def boxed_sum(x, y):
+    return Boxed(x + y + BIAS)
+
+def biased(x):
+    return x + BIAS
+"""
+
+
+GLOBALS_ROUND_TRIP = """
+import json, sys, torch
+sys.path.insert(0, {dir!r})
+import globals_models
+x, y = torch.randn(3), torch.randn(3)
+report = {{}}
+if sys.argv[1] == "save":
+    with torch._dynamo.config.patch("enable_aot_compile", True):
+        for name in ("boxed_sum", "biased"):
+            fn = torch.compile(getattr(globals_models, name), fullgraph=True, backend="eager")
+            args = (x, y) if name == "boxed_sum" else (x,)
+            fn.aot_compile((args, {{}})).save_compiled_function({path!r} + name)
+else:
+    from torch._dynamo.utils import counters
+    with torch.compiler.set_stance("fail_on_recompile"):
+        try:
+            torch.compiler.load_compiled_function({path!r} + "boxed_sum")
+        except RuntimeError as e:
+            report["without_f_globals"] = str(e).split(" Please")[0]
+        boxed = torch.compiler.load_compiled_function(
+            {path!r} + "boxed_sum", f_globals=vars(globals_models)
+        )
+        report["boxed"] = bool(torch.equal(boxed(x, y).value, globals_models.boxed_sum(x, y).value))
+        biased = torch.compiler.load_compiled_function({path!r} + "biased")
+        report["biased"] = bool(torch.equal(biased(x), globals_models.biased(x)))
+    report["traced_graphs"] = counters["stats"]["unique_graphs"]
+print("REPORT" + json.dumps(report))
+"""
+
+
 def _check_inputs(fn):
     def _fn(*args):
         return fn(*args)
@@ -808,6 +857,21 @@ class TestAOTCompile(torch._dynamo.test_case.TestCase):
             r"external_data\['mod'\]\)",
         )
         self.assertEqual({k: load[k] for k in ("same", "traced_graphs")}, {"same": True, "traced_graphs": 0})
+
+    def test_globals_the_bytecode_reads_are_given_at_load(self):
+        (self.tmp / "globals_models.py").write_text(GLOBALS_MODULE)
+        path = str(self.tmp / "globals_")
+        reports = self.run_modes(GLOBALS_ROUND_TRIP.format(dir=str(self.tmp), path=path))
+        self.assertEqual(
+            reports["load"],
+            {
+                "without_f_globals": "Missing required external references: ['Boxed'].",
+                "boxed": True,
+                # a global tensor is a graph input, read from the module
+                "biased": True,
+                "traced_graphs": 0,
+            },
+        )
 
     def test_aot_compile_fullgraph_takes_torch_compiles_dynamic(self):
         from torch._dynamo.aot_compile import aot_compile_fullgraph

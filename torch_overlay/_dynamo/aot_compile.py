@@ -189,11 +189,14 @@ class AOTCompiledFunction:
         guards_state: bytes,
         package: CompilePackage,
         closure_codes: tuple = (),
+        external_refs: tuple = (),
     ):
         self._fn = fn
         # Code of the closure's objects whose identity guards were left out
         # (NOTE: [Guards on the closure of an aot_compile'd function]).
         self._closure_codes = tuple(closure_codes)
+        # Globals a load must be given (NOTE: [Globals of a loaded function]).
+        self._external_refs = tuple(external_refs)
         # The frame's locals are those of fn's own code: a functools.wraps
         # wrapper's (*args, **kwargs), not the wrapped function's parameters.
         self._signature = inspect.signature(fn, follow_wrapped=False)
@@ -341,6 +344,8 @@ class AOTCompiledFunction:
             manifest["aot_compile"]["closure_code"] = [list(c) for c in fn._closure_codes]
         if external_keys:
             manifest["aot_compile"]["external_data"] = external_keys
+        if fn._external_refs:
+            manifest["aot_compile"]["external_refs"] = list(fn._external_refs)
         buf = io.BytesIO()
         write_archive(buf, files, manifest)
         return AOTCompileSaveResult(serialized_data=buf.getvalue())
@@ -401,11 +406,21 @@ def _code_of(value) -> Optional[types.CodeType]:
     return value if isinstance(value, types.CodeType) else None
 
 
-def _root_local_name(source) -> Optional[str]:
-    """The frame local a guard's source starts from (None: a global, or none)."""
+def _root_source(source):
     while getattr(source, "base", None) is not None:
         source = source.base
-    name = getattr(source, "local_name", None)
+    return source
+
+
+def _root_global_name(source) -> Optional[str]:
+    """The global a guard's source starts from (None: a local, or none)."""
+    name = getattr(_root_source(source), "global_name", None)
+    return name if isinstance(name, str) else None
+
+
+def _root_local_name(source) -> Optional[str]:
+    """The frame local a guard's source starts from (None: a global, or none)."""
+    name = getattr(_root_source(source), "local_name", None)
     return name if isinstance(name, str) else None
 
 
@@ -419,6 +434,8 @@ class _AOTGuardFilter:
         self.user_filter = user_filter
         self.closure_codes: dict[tuple, None] = {}
         self.refusals: list[str] = []
+        # Globals that are graph inputs (NOTE: [Globals of a loaded function]).
+        self.tensor_globals: set[str] = set()
 
     def _unsaveable_closure_identity(self, entry) -> Optional[types.CodeType]:
         """The code of the object ``entry`` guards the identity of, when it is
@@ -436,6 +453,11 @@ class _AOTGuardFilter:
         return code
 
     def __call__(self, entries) -> list[bool]:
+        for entry in entries:
+            if entry.guard_type == "TENSOR_MATCH" and entry.is_global:
+                name = _root_global_name(entry.source)
+                if name is not None:
+                    self.tensor_globals.add(name)
         if self.user_filter is not None:
             keep = list(self.user_filter(entries))
             for entry, kept in zip(entries, keep):
@@ -535,6 +557,47 @@ def aot_compile_fullgraph(
         entry.guards_state,
         package,
         closure_codes=tuple(guard_filter.closure_codes),
+        external_refs=_external_refs(out_code, guard_filter.tensor_globals),
+    )
+
+
+# NOTE: [Globals of a loaded function]
+# Upstream's file holds, of the globals its bytecode reads, only those that are
+# graph inputs (by value) and the builtins; Dynamo's own (compiled graphs,
+# module aliases, the builtins dict) are rebuilt at load. Any other global the
+# bytecode reads (a class it builds its output with, say) is an external
+# reference: a load must be given it in ``f_globals``, or fails with upstream's
+# "Missing required external references". Here the compiled code could read
+# them from the function's own module, found again at load; the file records
+# them all the same and a load checks them as upstream's does, so that code
+# written for either loads on both. A global is a graph input when a
+# TENSOR_MATCH guard starts from it.
+
+
+def _external_refs(code: types.CodeType, graph_input_globals) -> tuple[str, ...]:
+    """The globals ``code`` reads that a load must be given (NOTE: [Globals of
+    a loaded function])."""
+    import builtins
+    import dis
+
+    from torch._dynamo.guard_serialization import is_dynamo_installed_global
+
+    names = {
+        ins.argval
+        for ins in dis.get_instructions(code)
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(ins.argval, str)
+    }
+    return tuple(
+        sorted(
+            name
+            for name in names
+            if not (
+                name.startswith("__")
+                or is_dynamo_installed_global(name)
+                or hasattr(builtins, name)
+                or name in graph_input_globals
+            )
+        )
     )
 
 
@@ -658,7 +721,15 @@ def _load_compiled_function(file, f_globals, external_data) -> AOTCompiledFuncti
     # The function first: the entry is checked against it (its bytecode, the
     # module it runs in) before anything is installed.
     saved = manifest["aot_compile"]
-    closure_codes, external_keys = _saved_closure_fields(saved, where)
+    closure_codes, external_keys, external_refs = _saved_closure_fields(saved, where)
+    # NOTE: [Globals of a loaded function]
+    missing_refs = [r for r in external_refs if r not in (f_globals or {})]
+    if missing_refs:
+        raise RuntimeError(
+            f"Missing required external references: {missing_refs}. Please load AOT "
+            "compiled function with `f_globals=<enclosing global scope>` (the compiled "
+            f"code of {saved.get('qualname')} reads them)"
+        )
     # NOTE: [External data]
     for key in external_keys:
         if key not in (external_data or {}):
@@ -692,15 +763,18 @@ def _load_compiled_function(file, f_globals, external_data) -> AOTCompiledFuncti
         entry.entry.guards_state,
         package,
         closure_codes=closure_codes,
+        external_refs=external_refs,
     )
 
 
-def _saved_closure_fields(saved: Any, where) -> tuple[tuple, list[str]]:
-    """The manifest's closure code fingerprints and external data keys, checked."""
+def _saved_closure_fields(saved: Any, where) -> tuple[tuple, list[str], tuple]:
+    """The manifest's closure code fingerprints, external data keys and
+    external references, checked."""
     if not isinstance(saved, dict):
         raise PackageError(f"{where}: the manifest's aot_compile field is not an object")
     codes = saved.get("closure_code", [])
     keys = saved.get("external_data", [])
+    refs = saved.get("external_refs", [])
     if not (
         isinstance(codes, list)
         and all(
@@ -713,9 +787,11 @@ def _saved_closure_fields(saved: Any, where) -> tuple[tuple, list[str]]:
         )
         and isinstance(keys, list)
         and all(isinstance(k, str) for k in keys)
+        and isinstance(refs, list)
+        and all(isinstance(r, str) for r in refs)
     ):
         raise PackageError(f"{where}: the manifest's aot_compile closure fields are malformed")
-    return tuple(tuple(c) for c in codes), keys
+    return tuple(tuple(c) for c in codes), keys, tuple(refs)
 
 
 def _closure_mismatch(fn, closure_codes, external) -> Optional[str]:
