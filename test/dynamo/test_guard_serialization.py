@@ -2187,8 +2187,9 @@ if torch.distributed.is_available():
             return 1
 
         def setUp(self):
-            GuardSerializationTestCase.setUp(self)
-            MultiThreadedTestCase.setUp(self)
+            # (MultiThreadedTestCase.setUp runs through the MRO; the threads
+            # start once, after Dynamo's TestCase reset the compile state)
+            super().setUp()
             self._spawn_threads()
 
         def perThreadSetUp(self):
