@@ -24,6 +24,14 @@ Graphs of backends other than eager, aot_eager and inductor are saved when the
 backend returns a ``torch._dynamo.aot_compile_types.SerializableCallable`` (see
 NOTE: [Custom backend artifacts] in package.py).
 
+A loaded function runs with the closure of the live function it belongs to:
+the identity guards on a closure's unnamed functions are replaced by their
+code (NOTE: [Guards on the closure of an aot_compile'd function]); the
+nn.Modules a closure holds are upstream's ``external_data`` at save and load
+(NOTE: [External data]); the globals the bytecode reads beyond Dynamo's own
+and the graph inputs are upstream's ``f_globals`` (NOTE: [Globals of a loaded
+function]).
+
 Provides :class:`AOTCompiledFunction`, :func:`aot_compile_fullgraph`,
 :func:`load_compiled_function`, :class:`ModelInput`, :class:`AOTCompiledModel`
 and :func:`aot_compile_module`.
@@ -738,7 +746,7 @@ def _load_compiled_function(file, f_globals, external_data) -> AOTCompiledFuncti
                 "compiled function with `external_data=<external data dictionary>` "
                 f"({where} was saved with external_data keys {external_keys})"
             )
-    external = [(key, external_data[key]) for key in external_keys]  # type: ignore[index]
+    external = [(key, (external_data or {})[key]) for key in external_keys]
 
     def belongs(candidate) -> Optional[str]:
         return _closure_mismatch(candidate, closure_codes, external)

@@ -62,9 +62,10 @@ def _serialize_triton_kernel(kernel: Any) -> tuple[str, str]:
             f"Kernel fn missing __module__ or __name__: module={module}, name={name}. "
             "Cannot serialize for precompilation."
         )
-    if "<locals>" in getattr(fn, "__qualname__", ""):
+    qualname = getattr(fn, "__qualname__", "")
+    if "<locals>" in qualname:
         raise RuntimeError(
-            f"Kernel fn {fn.__qualname__} is defined in a local scope and cannot be "
+            f"Kernel fn {qualname} is defined in a local scope and cannot be "
             "found by name in another process. Cannot serialize for precompilation: "
             "define the kernel at module level."
         )
