@@ -2226,6 +2226,26 @@ if torch.distributed.is_available():
                 ],
             )
 
+        def test_device_mesh_input(self):
+            # A DeviceMesh passed to the function itself (as to a DTensor
+            # redistribute) is saved by value, as a DTensor's mesh is.
+            from torch.distributed.device_mesh import init_device_mesh
+
+            def fn(x, mesh):
+                return x * mesh.size(0)
+
+            mesh, _ = self.mesh_and_dtensor()
+            built = build_check_fn_manager(fn, (torch.ones(2), mesh))
+            loaded = load_check_fn_manager(built)
+            self.assert_same_decisions(
+                built,
+                loaded,
+                accepted=[{"x": torch.ones(2), "mesh": init_device_mesh("cpu", (self.world_size,))}],
+                rejected=[
+                    {"x": torch.ones(2), "mesh": init_device_mesh("cpu", (self.world_size,), mesh_dim_names=("dp",))},
+                ],
+            )
+
         def test_fsdp2_module_parameters(self):
             from torch.distributed.fsdp import fully_shard
 

@@ -856,6 +856,20 @@ def _is_dtensor_spec_type(cls: type) -> bool:
     return cls.__name__ == "DTensorSpec" and cls.__module__ == "torch.distributed.tensor._dtensor_spec"
 
 
+def _is_device_mesh_type(cls: type) -> bool:
+    return cls.__name__ == "DeviceMesh" and cls.__module__ == "torch.distributed.device_mesh"
+
+
+def _mesh_stand_in(mesh) -> _DeviceMeshStandIn:
+    # (a mesh's thread is not saved: NOTE: [DTensor stand-ins])
+    return _DeviceMeshStandIn(
+        mesh.device_type,
+        tuple(mesh.mesh.shape),
+        tuple(mesh.mesh.flatten().tolist()),
+        tuple(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
+    )
+
+
 def _save_placement(converter, placement, path: str) -> _PlacementStandIn:
     from torch.distributed.tensor import placement_types
 
@@ -914,28 +928,24 @@ def _rebound_mesh(stand_in: _DeviceMeshStandIn):
 @_register_codec
 class _DTensorSpecCodec(StandInCodec):
     """A DTensor's spec by value (NOTE: [DTensor stand-ins]). Reached as the
-    flatten context of a DTensor (_WrapperSubclassCodec)."""
+    flatten context of a DTensor (_WrapperSubclassCodec), or a DeviceMesh
+    passed to the compiled function itself."""
 
     stand_ins = (_DTensorSpecStandIn, _DeviceMeshStandIn, _PlacementStandIn)
 
     @staticmethod
     def accepts_type(cls):
-        return _is_dtensor_spec_type(cls)
+        return _is_dtensor_spec_type(cls) or _is_device_mesh_type(cls)
 
     @staticmethod
     def accepts(obj, guarded):
-        return _is_dtensor_spec_type(type(obj))
+        return _DTensorSpecCodec.accepts_type(type(obj))
 
     @staticmethod
     def save(converter, obj, path, guarded):
-        mesh = obj.mesh
-        # (a mesh's thread is not saved: NOTE: [DTensor stand-ins])
-        mesh_stand_in = _DeviceMeshStandIn(
-            mesh.device_type,
-            tuple(mesh.mesh.shape),
-            tuple(mesh.mesh.flatten().tolist()),
-            tuple(mesh.mesh_dim_names) if mesh.mesh_dim_names else None,
-        )
+        if _is_device_mesh_type(type(obj)):
+            return _mesh_stand_in(obj)
+        mesh_stand_in = _mesh_stand_in(obj.mesh)
         placements = tuple(
             _save_placement(converter, p, f"{path}.placements[{i}]")
             for i, p in enumerate(obj.placements)
