@@ -97,6 +97,10 @@ def _with_graph_break(x):
     return x.cos() + y
 
 
+def _scaled(x):
+    return (x * 2).sin()
+
+
 class TestPackageStores(torch._dynamo.test_case.TestCase):
     def setUp(self):
         super().setUp()
@@ -284,6 +288,30 @@ class TestPackageStores(torch._dynamo.test_case.TestCase):
                     compiled(x)
             self.assertEqual(compiled(x), expected)
             self.assertEqual(convert_frame.FRAME_COUNTER, compiled_frames + 1)
+
+    @parametrize("backend", ["eager", "inductor"])
+    @torch._dynamo.config.patch(caching_precompile=True)
+    def test_graph_artifact_kinds(self, backend):
+        # upstream's test_editable (which needs a GPU there): an Inductor graph
+        # is recorded as a BundledAOTAutogradCacheArtifact, edits reach it,
+        # and the cache entry carries it
+        from torch._functorch._aot_autograd.autograd_cache import BundledAOTAutogradCacheArtifact
+
+        with mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": str(self.tmp / "cache")}):
+            torch.compile(_scaled, backend=backend)(torch.randn(3, requires_grad=True)).sum().backward()
+            (key,) = PrecompileContext._backend_artifacts_by_key
+            bundled = backend == "inductor"
+            self.assertEqual(
+                isinstance(PrecompileContext.serialize_artifact_by_key(key), BundledAOTAutogradCacheArtifact),
+                bundled,
+            )
+            PrecompileContext.edit_artifact(key, lambda content: content)
+            entries, _ = PrecompileContext.create_cache_entries()
+            (entry,) = entries.values()
+            (artifact,) = entry.backends.values()
+            self.assertIsInstance(artifact, PackageGraphArtifact)
+            self.assertEqual(isinstance(artifact, BundledAOTAutogradCacheArtifact), bundled)
+            self.assertIsInstance(artifact.content, bytes)
 
     def test_system_info_checks(self):
         current = SystemInfo.current()

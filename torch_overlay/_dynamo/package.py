@@ -2424,7 +2424,10 @@ class PrecompileCacheEntry:
         graphs = self.dynamo.materialize()
         for backend_id in list(self.backends):
             if backend_id in graphs:
-                self.backends[backend_id] = PackageGraphArtifact(key=backend_id, content=graphs[backend_id])
+                # the kind recorded at compile time (graph_artifact_type) stays
+                recorded = type(self.backends[backend_id])
+                kind = recorded if issubclass(recorded, PackageGraphArtifact) else PackageGraphArtifact
+                self.backends[backend_id] = kind(key=backend_id, content=graphs[backend_id])
 
     def files_and_manifest(self) -> tuple[dict[str, bytes], dict]:
         """The package files this entry is written as, and their manifest."""
@@ -2504,14 +2507,16 @@ def _compile_package_cache_entry(package: CompilePackage) -> _DynamoCacheEntry:
     each graph it has not recorded yet is recorded in the PrecompileContext as
     a backend artifact to be filled (NOTE: [Recording a package's cache entry])."""
     from torch._dynamo.eval_frame import innermost_fn
-    from torch._dynamo.precompile_context import PackageGraphArtifact, PrecompileContext
+    from torch._dynamo.precompile_context import graph_artifact_type, PrecompileContext
 
     codes = _codes_of_entries(package.entries + package.skipped, package._root_qualnames())
     for code in codes:
         for backend_id in code.backend_ids:
             if backend_id not in package._recorded_backend_ids:
                 package._recorded_backend_ids.add(backend_id)
-                PrecompileContext.record_artifact(PackageGraphArtifact(key=backend_id, content=None))
+                record = package._graph_records.get(backend_id)
+                kind = graph_artifact_type(record.backend if record is not None else None)
+                PrecompileContext.record_artifact(kind(key=backend_id, content=None))
     fn = innermost_fn(package._fn)
     if isinstance(fn, torch.nn.Module):
         fn = type(fn).forward

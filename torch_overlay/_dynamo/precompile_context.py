@@ -99,6 +99,19 @@ class PackageGraphArtifact(BackendCacheArtifact[Any]):
         return self.content
 
 
+def graph_artifact_type(backend: Optional[str]) -> type[PackageGraphArtifact]:
+    """The artifact kind a graph compiled by ``backend`` is recorded as: an
+    Inductor graph is bundled with its AOTAutogradCacheEntry, which upstream
+    names BundledAOTAutogradCacheArtifact. A graph read back from a package
+    directory is a PackageGraphArtifact: the kind is known where the graph was
+    compiled, and reading it from the bytes would mean unpickling the graph."""
+    if backend == "inductor":
+        from torch._functorch._aot_autograd.autograd_cache import BundledAOTAutogradCacheArtifact
+
+        return BundledAOTAutogradCacheArtifact
+    return PackageGraphArtifact
+
+
 class BypassDynamoCacheEntry(Exception):
     """Raised by a backend that cannot save what it compiled: the Dynamo cache
     entry being recorded is left out."""
