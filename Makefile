@@ -17,7 +17,7 @@ DIFF_ARGS ?=
 
 
 .PHONY: agree-overlay-wheel
-.PHONY: venv ext lint test test-overlay test-wheel wheel wheel-venv export export-check export-check-imports status edit refresh clean demo bench-guards bench-load bench-load-serving bench-signing fuzz
+.PHONY: venv ext lint test test-overlay test-wheel wheel wheel-venv export export-check export-check-imports status edit refresh clean demo bench-guards bench-load bench-load-serving bench-calls bench-signing fuzz
 
 # Other supported bases (a series in patches/v<BASE>/series; the overlay picks the
 # series of the installed torch): `make venv BASE=2.6.0` / `make test BASE=2.6.0`
@@ -259,6 +259,11 @@ bench-load: venv upstream-venv
 # (NOTE: [Serving row] in benchmarks/load_time.py).
 bench-load-serving: venv upstream-venv
 	$(PY) benchmarks/load_time.py --serving $(BENCH_ARGS)
+
+# Per-call overhead of eager, torch.compile, a loaded package and a loaded
+# aot_compile function, beside upstream 2.13 (benchmarks/call_overhead.py).
+bench-calls: venv upstream-venv
+	$(PY) benchmarks/call_overhead.py $(BENCH_ARGS)
 
 # Signing cost of compile packages (benchmarks/package_signing.py): save and load
 # with and without a signature, fresh processes.
