@@ -46,6 +46,11 @@ def helper(x):
 
 def cos_plus(x):
     return x.cos() + x
+
+def with_break(x):
+    y = x.sin()
+    torch._dynamo.graph_break()
+    return x.cos() + y
 '''
 
 RUNNER = r'''
@@ -71,6 +76,35 @@ elif mode == "load-store":
     package.install(backends)
     with torch.compiler.set_stance("fail_on_recompile"):
         report["out"] = compiled(x).tolist()
+elif mode == "save-break":
+    recorded = []
+    add_resume_function = CompilePackage.add_resume_function
+
+    def spy(self, python_code, python_module, function_name):
+        recorded.append([python_code.co_name, python_module, function_name])
+        return add_resume_function(self, python_code, python_module, function_name)
+
+    CompilePackage.add_resume_function = spy
+    package = CompilePackage(case.with_break)
+    compiled = torch._dynamo.optimize(backend, package=package)(case.with_break)
+    report["out"] = compiled(x).tolist()
+    report["recorded"] = recorded
+    report["entry_globals"] = sorted(
+        name for entry in package.entries for name, ref in entry.globals.items() if ref[0] == "resume"
+    )
+    DiskDynamoStore(prefix).save_package(package, "with_break")
+elif mode == "load-break":
+    package, backends = DiskDynamoStore(prefix).load_package(case.with_break, "with_break")
+    compiled = torch._dynamo.optimize(package=package)(case.with_break)
+    package.install(backends)
+    frames = torch._dynamo.convert_frame.FRAME_COUNTER
+    with torch.compiler.set_stance("fail_on_recompile"):
+        report["out"] = compiled(x).tolist()
+    report["frames_compiled"] = torch._dynamo.convert_frame.FRAME_COUNTER - frames
+    report["function_names"] = sorted(
+        name for code in package.cache_entry().codes for name in code.function_names
+        if code.install_to_global
+    )
 elif mode == "save-cache":
     compiled = [torch.compile(f, backend=backend) for f in (case.add_one, case.cos_plus)]
     report["out"] = [c(x).tolist() for c in compiled]
@@ -99,6 +133,10 @@ def _with_graph_break(x):
 
 def _scaled(x):
     return (x * 2).sin()
+
+
+def _scaled_twice(x):
+    return _scaled(_scaled(x))
 
 
 class TestPackageStores(torch._dynamo.test_case.TestCase):
@@ -312,6 +350,58 @@ class TestPackageStores(torch._dynamo.test_case.TestCase):
             self.assertIsInstance(artifact, PackageGraphArtifact)
             self.assertEqual(isinstance(artifact, BundledAOTAutogradCacheArtifact), bundled)
             self.assertIsInstance(artifact.content, bytes)
+
+    @parametrize("backend", ["eager", "aot_eager"])
+    def test_add_resume_function_fresh_process(self, backend):
+        saved = self._run("save-break", backend, self.tmp / "cache-save")
+        # The graph break's resume function is recorded through
+        # add_resume_function, into the entry of the frame that calls it.
+        self.assertEqual(len(saved["recorded"]), 1)
+        resume_code, module, name = saved["recorded"][0]
+        self.assertTrue(resume_code.startswith("torch_dynamo_resume_in_with_break"), resume_code)
+        self.assertEqual(module, "store_case")
+        self.assertTrue(name.startswith("__resume_at_"), name)
+        self.assertEqual(saved["entry_globals"], [name])
+        loaded = self._run("load-break", backend, self.tmp / "cache-load")
+        self.assertEqual(loaded["out"], saved["out"])
+        self.assertEqual(loaded["frames_compiled"], 0)
+        self.assertEqual(loaded["function_names"], [name])
+
+    def test_add_import_source_and_resume_function_record_the_current_entry(self):
+        from torch._dynamo.package_artifacts import dump_code
+
+        package = CompilePackage(_fn)
+        with self.assertRaisesRegex(AssertionError, "_current_entry is not set"):
+            package.add_import_source("__import_math", "math")
+        resume_code = _scaled.__code__
+        with package.code_context(_fn.__code__):
+            package.add_import_source("__import_math", "math")
+            package.add_resume_function(resume_code, __name__, "__resume_at_4_1")
+            package.add_inlined_source([resume_code, _scaled_twice.__code__])
+            package.record_compile(_fn.__code__, _fn.__code__, b"guards", globals())
+        (entry,) = package.entries
+        self.assertEqual(
+            entry.globals,
+            {
+                "__import_math": ("module", "math"),
+                "__resume_at_4_1": ("resume", "_scaled", dump_code(resume_code)),
+            },
+        )
+        # A resume function is never an inlined source.
+        inlined = {source.firstlineno for source in package.source_info.inlined_sources}
+        self.assertEqual(inlined, {_scaled_twice.__code__.co_firstlineno})
+        # The next code's entry starts empty.
+        with package.code_context(_scaled.__code__):
+            package.record_compile(_scaled.__code__, _scaled.__code__, b"guards", globals())
+        self.assertEqual(package.entries[1].globals, {})
+
+    def test_resume_function_of_another_module_leaves_the_entry_out(self):
+        package = CompilePackage(_fn)
+        with package.code_context(_fn.__code__):
+            package.add_resume_function(_scaled.__code__, "some.other_module", "__resume_at_4_1")
+            with self.assertWarnsRegex(UserWarning, "is a global of module 'some.other_module'"):
+                package.record_compile(_fn.__code__, _fn.__code__, b"guards", globals())
+        self.assertEqual(package.entries, [])
 
     def test_system_info_checks(self):
         current = SystemInfo.current()

@@ -956,6 +956,45 @@ def _named_module(name: str, entry: _Entry) -> types.ModuleType:
     return module
 
 
+# NOTE: [One recording path]
+# Upstream's Dynamo tells the package what each entry's bytecode needs as it
+# traces: add_resume_function when it generates a resume function at a graph
+# break, add_import_source when it aliases a module, both into the entry of the
+# code in code_context(code). Here Dynamo hands the package the finished
+# bytecode and its frame's globals (record_compile), and the package finds the
+# resume functions and module aliases among the globals that bytecode reads and
+# records them with the same two calls, into the same entry. Either way, what
+# the entry saves of them comes from _EntryRecording.global_refs: one path.
+
+
+@dataclasses.dataclass
+class _EntryRecording:
+    """What the add_* calls recorded for the entry of ``code`` being compiled."""
+
+    code: types.CodeType
+    # alias -> module name
+    import_sources: dict = dataclasses.field(default_factory=dict)
+    # global name -> (module it is installed in, code of the resume function)
+    resume_functions: dict = dataclasses.field(default_factory=dict)
+
+    def global_refs(self, module_name: Optional[str]) -> dict:
+        """The entry's global references (see _Entry.globals) to the recorded
+        module aliases and resume functions; PackageError for a resume function
+        of another module than ``module_name``, the one the entry runs in, or
+        one whose code cannot be saved."""
+        refs: dict[str, tuple[Any, ...]] = {
+            alias: ("module", module) for alias, module in self.import_sources.items()
+        }
+        for name, (module, code) in self.resume_functions.items():
+            if module != module_name:
+                raise PackageError(
+                    f"resume function {name} is a global of module {module!r}, "
+                    f"not of {module_name!r} where its caller runs"
+                )
+            refs[name] = ("resume", code.co_name, dump_code(code))
+        return refs
+
+
 _NOT_YET = object()
 
 
@@ -977,8 +1016,11 @@ class CompilePackage:
         self.path = path
         self.source_info = SourceInfo()
         self._ignore_inlined_sources = ignore_inlined_sources
-        # upstream's recording API (code_context / add_*): the code being compiled
-        self._current_code: Optional[types.CodeType] = None
+        # upstream's recording API (code_context / add_*): what is being
+        # recorded for the code being compiled (NOTE: [One recording path])
+        self._current_entry: Optional[_EntryRecording] = None
+        # Resume functions add_resume_function recorded: never inlined sources.
+        self._resume_codes: weakref.WeakSet = weakref.WeakSet()
         self._backend_ids: dict[str, list[str]] = {}
         self._cached_backends: dict[str, Any] = {}
         self._pending: Optional[_DynamoCacheEntry] = None
@@ -1047,17 +1089,34 @@ class CompilePackage:
 
     @contextlib.contextmanager
     def code_context(self, code: types.CodeType):
-        """The code whose compile the add_* calls within record."""
-        previous, self._current_code = self._current_code, code
+        """The code whose compile the add_* calls within record (its entry)."""
+        previous, self._current_entry = self._current_entry, _EntryRecording(code)
         try:
             yield
         finally:
-            self._current_code = previous
+            self._current_entry = previous
 
     def _code_being_compiled(self) -> types.CodeType:
-        if self._current_code is None:
+        if self._current_entry is None:
             raise AssertionError("no code_context(code) is active")
-        return self._current_code
+        return self._current_entry.code
+
+    def add_resume_function(self, python_code: types.CodeType, python_module: str, function_name: str) -> None:
+        """Record that the current entry's bytecode calls the resume function
+        ``python_code`` (Dynamo generated it at a graph break) by the global
+        ``function_name`` of module ``python_module``: a load installs it there.
+        Its code is never an inlined source."""
+        self._resume_codes.add(python_code)
+        if self._current_entry is not None:
+            self._current_entry.resume_functions[function_name] = (python_module, python_code)
+
+    def add_import_source(self, alias: str, module_name: str) -> None:
+        """Record that the current entry reads module ``module_name`` by the
+        global ``alias``; a load binds it to the module already imported (or
+        torch's own: a package never imports a module by name)."""
+        if self._current_entry is None:
+            raise AssertionError("_current_entry is not set in add_import_source")
+        self._current_entry.import_sources[alias] = module_name
 
     def add_guarded_code(self, guards_state: bytes, dynamo_code: types.CodeType, f_globals: Optional[dict] = None) -> None:
         """Record the compile of the current code (upstream's spelling of
@@ -1087,7 +1146,8 @@ class CompilePackage:
         if self._ignore_inlined_sources:
             return
         for code in sources:
-            self.source_info.add_code(code)
+            if code not in self._resume_codes:
+                self.source_info.add_code(code)
 
     def bypass_current_entry(self) -> None:
         """Leave the current code's entries out of the package."""
@@ -1179,17 +1239,26 @@ class CompilePackage:
             return code is _inline_wrapper_code() and self._inline_wrapped_class() == tuple(key[1:])
         return _resolve_code(key, self._root_codes()) is code
 
+    @contextlib.contextmanager
+    def _entry_recording(self, code: types.CodeType):
+        """The recording of ``code``'s entry: the current one when Dynamo
+        compiles ``code`` within code_context(code), else a new one."""
+        if self._current_entry is not None and self._current_entry.code is code:
+            yield self._current_entry
+            return
+        with self.code_context(code):
+            yield self._current_entry
+
     def record_compile(self, code, out_code, guards_state, f_globals) -> None:
         """Called by Dynamo once a frame compiled under this package."""
         if guards_state is None:
             return
         key = self._key_for(code, f_globals)
         try:
-            global_refs = self._classify_globals(out_code, f_globals)
-        except PackageError as e:
-            self._exclude(code, str(e))
-            return
-        try:
+            with self._entry_recording(code) as recording:
+                global_refs = self._classify_globals(out_code, f_globals)
+                global_refs.update(recording.global_refs(f_globals.get("__name__")))
+            global_refs = dict(sorted(global_refs.items()))
             # NOTE: [Constants of compiled bytecode]
             saved_code = dump_code(out_code)
         except PackageError as e:
@@ -1301,6 +1370,10 @@ class CompilePackage:
         self._exclude(code, reason)
 
     def _classify_globals(self, out_code, f_globals) -> dict:
+        """The references of the globals ``out_code`` reads to the graphs and
+        named objects they are bound to; its resume functions and module aliases
+        are recorded into the current entry (add_resume_function,
+        add_import_source)."""
         from torch._dynamo.guard_serialization import (
             find_stable_name,
             is_dynamo_installed_global,
@@ -1321,9 +1394,9 @@ class CompilePackage:
                 self._graph_records[artifact] = record
                 refs[name] = ("graph", artifact)
             elif name.startswith("__resume_at_") and isinstance(value, types.FunctionType):
-                refs[name] = ("resume", value.__code__.co_name, dump_code(value.__code__))
+                self.add_resume_function(value.__code__, f_globals.get("__name__"), name)
             elif isinstance(value, types.ModuleType):
-                refs[name] = ("module", value.__name__)
+                self.add_import_source(name, value.__name__)
             else:
                 ref = find_stable_name(value)
                 if ref is None:
