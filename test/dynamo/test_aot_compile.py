@@ -1182,6 +1182,168 @@ class TestGuardsStateEntryPoints(torch._dynamo.test_case.TestCase):
 instantiate_parametrized_tests(TestAOTCompile)
 
 
+def _scaled_add(x, y, scale=2.0):
+    return x * scale + y
+
+
+def _make_closure_fn():
+    offset = torch.ones(3)
+
+    def add_offset(x):
+        return x + offset
+
+    return add_offset, offset
+
+
+class _Doubler(torch.nn.Module):
+    def forward(self, x, bias=None):
+        return x * 2 if bias is None else x * 2 + bias
+
+
+class TestUpstreamAOTCompileNames(torch._dynamo.test_case.TestCase):
+    """torch 2.13's aot_compile names on the backport: prepare_f_locals,
+    GraphRuntimeEnv, AOTCompilePickler and AOTCompileUnpickler."""
+
+    def _aot_compile(self, fn, args, kwargs=None):
+        with torch._dynamo.config.patch(enable_aot_compile=True):
+            return torch.compile(fn, fullgraph=True, backend="eager").aot_compile(
+                (args, kwargs or {})
+            )
+
+    @parametrize("kind", ["function", "closure", "module_forward"])
+    def test_prepare_f_locals(self, kind):
+        x = torch.randn(3)
+        if kind == "function":
+            compiled = self._aot_compile(_scaled_add, (x, x))
+            f_locals = compiled.prepare_f_locals(x, y=x)
+            self.assertEqual(list(f_locals), ["x", "y", "scale"])
+            self.assertIs(f_locals["y"], x)
+            self.assertEqual(f_locals["scale"], 2.0)
+        elif kind == "closure":
+            fn, offset = _make_closure_fn()
+            compiled = self._aot_compile(fn, (x,))
+            f_locals = compiled.prepare_f_locals(x)
+            self.assertIs(f_locals["x"], x)
+            self.assertIs(f_locals["offset"], offset)
+        else:
+            model = _Doubler()
+            with torch._dynamo.config.patch(enable_aot_compile=True):
+                compiled = torch.compile(model, fullgraph=True, backend="eager").forward.aot_compile(
+                    ((x,), {})
+                )
+            f_locals = compiled.prepare_f_locals(model, x)
+            self.assertEqual(f_locals, {"self": model, "x": x, "bias": None})
+        with self.assertRaises(TypeError):
+            compiled.prepare_f_locals(x, x, x, x, x)
+
+    def test_call_checks_guards_on_prepare_f_locals(self):
+        from unittest import mock
+
+        x = torch.randn(3)
+        compiled = self._aot_compile(_scaled_add, (x, x))
+        with mock.patch.object(compiled, "prepare_f_locals", wraps=compiled.prepare_f_locals) as spy:
+            self.assertEqual(compiled(x, x), _scaled_add(x, x))
+        spy.assert_called_once_with(x, x)
+        self.assertTrue(compiled.guard_check(x, x))
+        self.assertFalse(compiled.guard_check(x.double(), x))
+
+    def test_graph_runtime_env_of_compiled_function(self):
+        from torch._dynamo.aot_compile import GraphRuntimeEnv
+
+        fn, _ = _make_closure_fn()
+        x = torch.randn(3)
+        compiled = self._aot_compile(fn, (x,))
+        env = compiled.runtime_env
+        self.assertIsInstance(env, GraphRuntimeEnv)
+        self.assertIs(compiled._artifacts.runtime_env, env)
+        self.assertEqual(env.pycode, [])
+        self.assertIs(env.closure, fn.__closure__)
+        self.assertEqual(env.bytecode.co_name, fn.__code__.co_name)
+        self.assertIs(env.used_globals, fn.__globals__)
+        runnable = env.forward_callable(None, None)
+        self.assertEqual(torch._dynamo.disable(runnable)(x), fn(x))
+        with self.assertRaisesRegex(RuntimeError, "No Python code generated"):
+            env.forward_callable(None, None, use_python_codegen=True)
+
+    def test_graph_runtime_env_forward_callable(self):
+        import math
+
+        from torch._dynamo.aot_compile import GraphRuntimeEnv
+
+        namespace = {}
+        exec(
+            "def body(x, k=1, *, m=2):\n"
+            "    return __compiled_fn_9(x) + __import_math.floor(k + m) + OFFSET\n",
+            namespace,
+        )
+        code = namespace["body"].__code__
+        module_globals = {"__name__": "scratch"}
+        env = GraphRuntimeEnv(
+            bytecode=code,
+            pycode=[],
+            import_sources={"__import_math": "math"},
+            used_globals=module_globals,
+            closure=None,
+            argdefs=(1.5,),
+            kwdefaults={"m": 2},
+            external_refs={"OFFSET"},
+        )
+        with self.assertRaisesRegex(RuntimeError, r"Missing required external references: \['OFFSET'\]"):
+            env.forward_callable("__compiled_fn_9", lambda v: v * 10)
+        fn = env.forward_callable("__compiled_fn_9", lambda v: v * 10, extra_globals={"OFFSET": 100})
+        self.assertEqual(fn(1), 10 + 3 + 100)
+        self.assertIs(fn.__globals__["__import_math"], math)
+        self.assertNotIn("__compiled_fn_9", module_globals)
+        # A package never imports a module by name.
+        env = GraphRuntimeEnv(code, [], {"__import_math": "not_imported_anywhere"}, {}, None, None)
+        with self.assertRaisesRegex(PackageError, "not imported"):
+            env.forward_callable("__compiled_fn_9", abs, extra_globals={"OFFSET": 0})
+
+    def test_pickler_round_trip_with_external_data(self):
+        from torch._dynamo.aot_compile import AOTCompilePickler, AOTCompileUnpickler
+
+        saved_model, loaded_model = _Doubler(), _Doubler()
+        record = {"archives": [b"\x00archive"], "names": ("a", 1, 2.5), "model": saved_model}
+        buf = io.BytesIO()
+        pickler = AOTCompilePickler({"model": saved_model}, buf)
+        pickler.dump(record)
+        self.assertEqual(pickler.errors, {})
+        loaded = AOTCompileUnpickler({"model": loaded_model}, io.BytesIO(buf.getvalue())).load()
+        self.assertEqual(loaded["archives"], record["archives"])
+        self.assertEqual(loaded["names"], record["names"])
+        self.assertIs(loaded["model"], loaded_model)
+        with self.assertRaisesRegex(RuntimeError, "Missing required external reference to data: model"):
+            AOTCompileUnpickler({}, io.BytesIO(buf.getvalue())).load()
+        # An nn.Module that is not external data is collected for the caller to refuse.
+        pickler = AOTCompilePickler({}, io.BytesIO())
+        pickler.dump([saved_model])
+        self.assertEqual(list(pickler.errors.values()), [saved_model])
+
+    def test_unpickler_refuses_hostile_pickle(self):
+        from torch._dynamo.aot_compile import AOTCompileUnpickler
+
+        marker = Path(tempfile.mkdtemp()) / "ran"
+
+        class Hostile:
+            def __reduce__(self):
+                return (os.system, (f"touch {marker}",))
+
+        for data in (pickle.dumps([b"archive", Hostile()]), pickle.dumps(_Doubler())):
+            with self.assertRaisesRegex(PackageError, "builtin containers"):
+                AOTCompileUnpickler({}, io.BytesIO(data)).load()
+        self.assertFalse(marker.exists())
+
+    def test_compiled_module_data_uses_the_restricted_unpickler(self):
+        from torch._dynamo.aot_compile import AOTCompiledModel
+
+        model = _Doubler()
+        with self.assertRaisesRegex(PackageError, "builtin containers"):
+            AOTCompiledModel.deserialize(model, pickle.dumps([_Doubler()]))
+
+
+instantiate_parametrized_tests(TestUpstreamAOTCompileNames)
+
+
 if __name__ == "__main__":
     from torch._dynamo.test_case import run_tests
 

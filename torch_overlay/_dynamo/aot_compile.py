@@ -44,6 +44,7 @@ import dataclasses
 import functools
 import gc
 import hashlib
+import importlib
 import inspect
 import io
 import logging
@@ -65,7 +66,13 @@ from .aot_compile_types import (
     BundledGraph,
     GraphModuleSerializableCallable,
 )
-from .package import CompilePackage, cyclic_gc_paused, SourceInfo, SystemInfo
+from .package import (
+    _BuiltinsOnlyUnpickler,
+    CompilePackage,
+    cyclic_gc_paused,
+    SourceInfo,
+    SystemInfo,
+)
 from .package_artifacts import (
     _CUSTOM_BACKEND,
     check_frozen_parameters,
@@ -144,27 +151,113 @@ def _tensor_guards_name_the_scope() -> bool:
     return TorchVersion(torch.__version__) < "2.7"
 
 
+# NOTE: [Runtime environment of compiled bytecode]
+# Dynamo's bytecode runs as the compiled function's own code, but it reads more
+# globals than the function: the compiled graph, the module aliases Dynamo
+# made, the resume functions of graph breaks, and whatever the function itself
+# reads. Upstream's GraphRuntimeEnv holds these (pickled into the file) and
+# builds the function to run from them (forward_callable). Here the bytecode
+# runs in the globals of the function's module, as the function does: a
+# package load installs the graph, module aliases and resume functions there
+# (CompilePackage), so ``used_globals`` is that module's dict, live, and
+# forward_callable copies it only to bind what is not there yet (the graph, a
+# missing alias, the f_globals a load is given). ``pycode`` stays empty: 2.7.1's
+# Dynamo generates bytecode only, so use_python_codegen is refused.
+
+
+def _imported_module(name: str) -> types.ModuleType:
+    """A module an alias of the bytecode names: one already imported, or
+    torch's own (a package never imports a module by name)."""
+    module = sys.modules.get(name)
+    if module is None and (name == "torch" or name.startswith("torch.")):
+        module = importlib.import_module(name)
+    if module is None:
+        raise PackageError(
+            f"the compiled bytecode reads module {name[:100]!r}, which is not imported "
+            "(a package never imports a module by name)"
+        )
+    return module
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphRuntimeEnv:
+    """What Dynamo's bytecode needs to run besides its graph (upstream's name
+    and fields; NOTE: [Runtime environment of compiled bytecode]): the bytecode,
+    its Python source (none here), the module aliases it reads (alias -> module
+    name), the globals it runs in, the closure and defaults of the function it
+    belongs to, and the globals a load must be given (external_refs: NOTE:
+    [Globals of a loaded function])."""
+
+    bytecode: types.CodeType
+    pycode: list
+    import_sources: dict[str, str]
+    used_globals: dict[str, Any]
+    closure: Optional[tuple]
+    argdefs: Optional[tuple]
+    kwdefaults: Optional[dict[str, Any]] = None
+    external_refs: set[str] = dataclasses.field(default_factory=set)
+
+    def forward_callable(
+        self,
+        backend_id: Optional[str],
+        compiled_fn: Any,
+        *,
+        extra_globals: Optional[dict[str, Any]] = None,
+        use_python_codegen: bool = False,
+    ) -> types.FunctionType:
+        """The function running the bytecode, with ``compiled_fn`` bound to the
+        global ``backend_id`` it calls the graph by (None: it calls no graph)
+        and ``extra_globals`` over ``used_globals``."""
+        if use_python_codegen:
+            raise RuntimeError(
+                "No Python code generated from Dynamo (its 2.7.1 tracer generates "
+                "bytecode only): run with use_python_codegen=False"
+            )
+        additions = {
+            alias: _imported_module(module_name)
+            for alias, module_name in self.import_sources.items()
+            if alias not in self.used_globals
+        }
+        if backend_id is not None and self.used_globals.get(backend_id) is not compiled_fn:
+            additions[backend_id] = compiled_fn
+        additions.update(extra_globals or {})
+        f_globals = {**self.used_globals, **additions} if additions else self.used_globals
+        missing = sorted(ref for ref in self.external_refs if ref not in f_globals)
+        if missing:
+            raise RuntimeError(
+                f"Missing required external references: {missing}. Please load AOT "
+                "compiled function with `f_globals=<enclosing global scope>`"
+            )
+        fn = types.FunctionType(
+            self.bytecode, f_globals, self.bytecode.co_name, self.argdefs, self.closure
+        )
+        fn.__kwdefaults__ = self.kwdefaults
+        return fn
+
+
 @dataclasses.dataclass
 class CompileArtifacts:
-    """What an aot_compile'd function is made of (upstream's names): the
-    function's signature and original code, the bytecode Dynamo generated, its
-    guards, the compiled graph (``compiled_fn``, a SerializableCallable) and its
-    backend id, the module aliases the bytecode reads, the sources it was traced
-    from and the system it was compiled on."""
+    """What an aot_compile'd function is made of (upstream's names and fields):
+    the function's signature and original code, its guards, the compiled graph
+    (``compiled_fn``, a SerializableCallable) and its backend id, the runtime
+    environment of the bytecode Dynamo generated (GraphRuntimeEnv), the sources
+    it was traced from and the system it was compiled on."""
 
     signature: inspect.Signature
-    bytecode: types.CodeType
     guard_manager: Any
     guards_state: bytes
-    import_sources: dict[str, str]
     backend_id: str
     compiled_fn: Any
     original_code: types.CodeType
-    closure: Optional[tuple]
+    runtime_env: GraphRuntimeEnv
     source_info: SourceInfo
     device_type: str
-    system_info: SystemInfo
     backend_name: str
+    system_info: SystemInfo = dataclasses.field(default_factory=SystemInfo.current)
+
+    def check_compatibility(self) -> None:
+        """RuntimeError unless this process can run what was compiled."""
+        SystemInfo.current().check_compatibility(self.system_info, self.device_type)
 
 
 def _serializable_graph(package: CompilePackage, entry, f_globals: dict) -> tuple[str, Any]:
@@ -210,10 +303,25 @@ class AOTCompiledFunction:
         self._signature = inspect.signature(fn, follow_wrapped=False)
         self._package = package
         self._guards_state = guards_state
-        self._compiled = types.FunctionType(
-            out_code, f_globals, fn.__name__, fn.__defaults__, fn.__closure__
+        entry_globals = package.entries[0].globals if package.entries else {}
+        # NOTE: [Runtime environment of compiled bytecode]
+        self.runtime_env = GraphRuntimeEnv(
+            bytecode=out_code,
+            pycode=[],
+            import_sources={name: ref[1] for name, ref in entry_globals.items() if ref[0] == "module"},
+            used_globals=f_globals,
+            closure=fn.__closure__,
+            argdefs=fn.__defaults__,
+            kwdefaults=fn.__kwdefaults__,
+            external_refs=set(external_refs),
         )
-        self._compiled.__kwdefaults__ = fn.__kwdefaults__
+        # The graph is bound in f_globals already (by Dynamo, or by the load
+        # under the name it renamed the bytecode's global to).
+        graph_global = next((n for n in out_code.co_names if n.startswith("__compiled_fn")), None)
+        self._compiled = self.runtime_env.forward_callable(
+            graph_global, f_globals.get(graph_global) if graph_global is not None else None
+        )
+        self._compiled.__name__ = fn.__name__
         # The saved bytecode calls the compiled graph itself: Dynamo must not
         # look at (or compile) its frame.
         self._run = torch._dynamo.disable(self._compiled)
@@ -243,14 +351,12 @@ class AOTCompiledFunction:
         record = package._graph_records.get(backend_id)
         return CompileArtifacts(
             signature=self._signature,
-            bytecode=self._compiled.__code__,
             guard_manager=self._guard_manager,
             guards_state=self._guards_state,
-            import_sources={name: ref[1] for name, ref in entry.globals.items() if ref[0] == "module"},
             backend_id=backend_id,
             compiled_fn=compiled_fn,
             original_code=self._fn.__code__,
-            closure=self._fn.__closure__,
+            runtime_env=self.runtime_env,
             source_info=package.source_info,
             device_type=",".join(sorted(record.devices)) if record is not None and record.devices else "cpu",
             system_info=SystemInfo.current(),
@@ -265,7 +371,11 @@ class AOTCompiledFunction:
         """Run without checking guards (inputs are trusted to match the example)."""
         self._check_guards = False
 
-    def _f_locals(self, args, kwargs) -> dict:
+    def prepare_f_locals(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The frame locals the guards check for a call with these arguments:
+        the arguments bound to the function's signature, defaults applied (a
+        module's forward takes the module as ``self``), and the contents of its
+        closure's cells by their free variable names."""
         bound = self._signature.bind(*args, **kwargs)
         bound.apply_defaults()
         f_locals = dict(bound.arguments)
@@ -275,7 +385,7 @@ class AOTCompiledFunction:
 
     def guard_check(self, *args, **kwargs) -> bool:
         """Whether the guards accept a call with these arguments."""
-        return self.guard_manager.check(self._f_locals(args, kwargs))
+        return self.guard_manager.check(self.prepare_f_locals(*args, **kwargs))
 
     def _check_frozen_module(self, args) -> None:
         module = args[0] if args else None
@@ -296,7 +406,7 @@ class AOTCompiledFunction:
         if self._frozen_checks:
             self._check_frozen_module(args)
         if self._check_guards:
-            f_locals = self._f_locals(args, kwargs)
+            f_locals = self.prepare_f_locals(*args, **kwargs)
             if not self.guard_manager.check(f_locals):
                 from torch._dynamo.guards import get_guard_fail_reason_helper
 
@@ -967,6 +1077,63 @@ def _live_local_function(module_name, qualname, code_fingerprint, where, belongs
 # ---------------------------------------------------------------------------
 
 
+# NOTE: [Pickles of compiled functions]
+# Upstream pickles a compiled function's CompileArtifacts whole with
+# AOTCompilePickler and reads them back with AOTCompileUnpickler, which builds
+# whatever classes the bytes name. Here one compiled function is a package
+# archive (files checked against a manifest, graphs read with the package's
+# graph allow-list: NOTE: [Trust model of compile packages]), so what is left
+# to pickle are the records that hold such archives, as the bytes of builtins:
+# the compiled functions of a module (AOTCompiledModel.serialize). The pickler
+# has upstream's external data contract: an object of ``external_data`` is
+# written as its key, an nn.Module that is not one is collected in ``errors``
+# for the caller to refuse. The unpickler builds no class at all (a pickle
+# naming one is refused with a PackageError, before anything runs) and gives
+# back ``external_data``'s object for each key, upstream's RuntimeError for a
+# key it was not given.
+
+
+class AOTCompilePickler(pickle.Pickler):
+    """Pickles the records of compiled functions (NOTE: [Pickles of compiled
+    functions]); the objects of ``external_data`` as their keys."""
+
+    def __init__(self, external_data: dict[str, object], buf: io.BytesIO) -> None:
+        super().__init__(buf, protocol=pickle.HIGHEST_PROTOCOL)
+        self.external_data = external_data
+        self.id_map: dict[int, str] = {id(value): key for key, value in external_data.items()}
+        # nn.Modules met that are not external data, by id: the caller refuses them.
+        self.errors: dict[int, object] = {}
+
+    def persistent_id(self, obj: object) -> Optional[object]:
+        key = self.id_map.get(id(obj))
+        if key is not None:
+            return key
+        if isinstance(obj, torch.nn.Module):
+            self.errors[id(obj)] = obj
+            return id(obj)
+        return None
+
+
+class AOTCompileUnpickler(_BuiltinsOnlyUnpickler):
+    """Reads what :class:`AOTCompilePickler` wrote: builtin containers, str,
+    bytes and numbers, and the objects of ``external_data`` by key; a pickle
+    naming any class or function is refused (NOTE: [Pickles of compiled
+    functions])."""
+
+    def __init__(self, external_data: dict[str, object], file: io.BytesIO) -> None:
+        super().__init__(file)
+        self.external_data = external_data
+
+    def persistent_load(self, key: object) -> object:
+        if not isinstance(key, str) or key not in self.external_data:
+            raise RuntimeError(
+                f"Missing required external reference to data: {str(key)[:80]}. "
+                "Please load AOT compiled function with "
+                "`external_data=<external data dictionary>`"
+            )
+        return self.external_data[key]
+
+
 @dataclasses.dataclass
 class ModelInput:
     """One input a module is compiled ahead of time for: positional and keyword
@@ -997,17 +1164,17 @@ class AOTCompiledModel:
 
     def serialize(self) -> bytes:
         """Every compiled function, each as ``save_compiled_function`` writes it."""
-        return pickle.dumps(
+        buf = io.BytesIO()
+        AOTCompilePickler({}, buf).dump(
             [AOTCompiledFunction.serialize(r).serialized_data for r in self.compiled_results]
         )
+        return buf.getvalue()
 
     @classmethod
     def deserialize(cls, model: torch.nn.Module, data: bytes) -> AOTCompiledModel:
         """The compiled forward ``serialize`` wrote, bound to ``model``."""
-        from .package import _BuiltinsOnlyUnpickler
-
         try:
-            archives = _BuiltinsOnlyUnpickler(io.BytesIO(data)).load()
+            archives = AOTCompileUnpickler({}, io.BytesIO(data)).load()
         except Exception as e:
             raise PackageError(f"aot_compile'd module data is damaged: {e!r}") from e
         if not isinstance(archives, list) or not all(
