@@ -390,8 +390,8 @@ def greedy_generate(model, prompt: torch.Tensor, steps: int, **options) -> list[
     return out[0, -steps:].tolist()
 
 
-def compile_serving(model):
-    return torch.compile(model, backend="inductor", dynamic=True)
+def compile_serving(model, **options):
+    return torch.compile(model, backend="inductor", dynamic=True, **options)
 
 
 def _decode_battery(name: str) -> Callable[[Path], Iterator[Step]]:
@@ -437,66 +437,62 @@ for _name, _what in (
     )(_decode_save(_name))
 
 
-def _generate_battery(_: Path) -> Iterator[Step]:
-    model = build_serving_model("gpt2")
-    eager = build_serving_model("gpt2")
-    model.forward = compile_serving(model.forward)
-    prompt = serving_prompt(SERVING_LOAD_PROMPT)
-    yield Step(
-        f"generate(), a {SERVING_LOAD_PROMPT}-token prompt, {SERVING_LOAD_STEPS} tokens",
-        lambda: greedy_generate(model, prompt, SERVING_LOAD_STEPS),
-        lambda: greedy_generate(eager, prompt, SERVING_LOAD_STEPS),
+def _generate_probe(name: str, compile_options: dict, generate_options: dict, doc: str) -> None:
+    """A probe of generate() over model.forward = torch.compile(model.forward,
+    **compile_options) with Inductor and dynamic=True, as Hugging Face
+    documents: saved after SERVING_SAVE_STEPS new tokens of a short prompt,
+    loaded and run longer on a longer one (NOTE: [Serving probes])."""
+    label = "generate(" + "".join(f"{k}={v!r}" for k, v in generate_options.items()) + ")"
+
+    def compiled_model():
+        model = build_serving_model(name)
+        model.forward = compile_serving(model.forward, **compile_options)
+        return model
+
+    def battery(_: Path) -> Iterator[Step]:
+        model, eager = compiled_model(), build_serving_model(name)
+        prompt = serving_prompt(SERVING_LOAD_PROMPT)
+        yield Step(
+            f"{label}, a {SERVING_LOAD_PROMPT}-token prompt, {SERVING_LOAD_STEPS} tokens",
+            lambda: greedy_generate(model, prompt, SERVING_LOAD_STEPS, **generate_options),
+            lambda: greedy_generate(eager, prompt, SERVING_LOAD_STEPS, **generate_options),
+        )
+
+    def save(_: Path) -> None:
+        greedy_generate(
+            compiled_model(), serving_prompt(SERVING_SAVE_PROMPT), SERVING_SAVE_STEPS, **generate_options
+        )
+        torch.compiler.save_cache_artifacts()
+
+    saved_and_loaded = (
+        f"saved after a {SERVING_SAVE_PROMPT}-token prompt and {SERVING_SAVE_STEPS} new tokens, "
+        f"loaded and run on a {SERVING_LOAD_PROMPT}-token prompt for {SERVING_LOAD_STEPS} "
+        "(NOTE: [Serving probes])."
     )
+    probe(
+        f"serving_{name}_{'static_cache' if generate_options else 'generate'}",
+        CACHING_PRECOMPILE,
+        "inductor",
+        f"{doc}: {saved_and_loaded}",
+        battery=battery,
+    )(save)
 
 
-@probe(
-    "serving_gpt2_generate",
-    CACHING_PRECOMPILE,
-    "inductor",
+_generate_probe(
+    "gpt2",
+    {},
+    {},
     "GPT-2 generate() over model.forward = torch.compile(model.forward, dynamic=True), "
-    "as Hugging Face documents, greedy: saved after a "
-    f"{SERVING_SAVE_PROMPT}-token prompt and {SERVING_SAVE_STEPS} new tokens, loaded and run "
-    f"on a {SERVING_LOAD_PROMPT}-token prompt for {SERVING_LOAD_STEPS} (NOTE: [Serving probes]).",
-    battery=_generate_battery,
+    "as Hugging Face documents, greedy",
 )
-def _generate_save(_: Path) -> None:
-    model = build_serving_model("gpt2")
-    model.forward = compile_serving(model.forward)
-    greedy_generate(model, serving_prompt(SERVING_SAVE_PROMPT), SERVING_SAVE_STEPS)
-    torch.compiler.save_cache_artifacts()
-
-
-def _static_cache_battery(_: Path) -> Iterator[Step]:
-    model = build_serving_model("llama")
-    eager = build_serving_model("llama")
-    model.forward = torch.compile(model.forward, backend="inductor", dynamic=True, fullgraph=True)
-    prompt = serving_prompt(SERVING_LOAD_PROMPT)
-    yield Step(
-        f"generate(cache_implementation='static'), a {SERVING_LOAD_PROMPT}-token prompt, "
-        f"{SERVING_LOAD_STEPS} tokens",
-        lambda: greedy_generate(model, prompt, SERVING_LOAD_STEPS, cache_implementation="static"),
-        lambda: greedy_generate(eager, prompt, SERVING_LOAD_STEPS, cache_implementation="static"),
-    )
-
-
-@probe(
-    "serving_llama_static_cache",
-    CACHING_PRECOMPILE,
-    "inductor",
+_generate_probe(
+    "llama",
+    {"fullgraph": True},
+    {"cache_implementation": "static"},
     "Llama generate(..., cache_implementation='static') over model.forward = "
     "torch.compile(model.forward, fullgraph=True, dynamic=True), as Hugging Face documents: "
-    "the StaticCache marks its tensors with mark_static_address (guard=True). Saved after a "
-    f"{SERVING_SAVE_PROMPT}-token prompt and {SERVING_SAVE_STEPS} new tokens, loaded and run on "
-    f"a {SERVING_LOAD_PROMPT}-token prompt for {SERVING_LOAD_STEPS} (NOTE: [Serving probes]).",
-    battery=_static_cache_battery,
+    "the StaticCache marks its tensors with mark_static_address (guard=True)",
 )
-def _static_cache_save(_: Path) -> None:
-    model = build_serving_model("llama")
-    model.forward = torch.compile(model.forward, backend="inductor", dynamic=True, fullgraph=True)
-    greedy_generate(
-        model, serving_prompt(SERVING_SAVE_PROMPT), SERVING_SAVE_STEPS, cache_implementation="static"
-    )
-    torch.compiler.save_cache_artifacts()
 
 
 # -- aot_compile ---------------------------------------------------------------
