@@ -570,7 +570,9 @@ class _EnumCodec(StandInCodec):
     def load(hydrator, stand_in):
         cls = resolve_name(stand_in.cls)
         if isinstance(cls, type) and (issubclass(cls, enum.Enum) or _is_cpp_enum_type(cls)):
-            member = cls.__members__.get(stand_in.member)
+            # Enum classes and pybind11 enums both map member names in __members__.
+            members: dict = getattr(cls, "__members__", {})
+            member = members.get(stand_in.member)
             if member is None:
                 # The equality guards that compare a member take no stand-in
                 # that matches nothing: the load is refused instead.
