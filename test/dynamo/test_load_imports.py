@@ -9,7 +9,6 @@ compiles in that same process, imports them, and must give eager's result. Each
 load logs one INFO line saying what it loaded and what it cost.
 """
 
-import builtins
 import json
 import os
 import shutil
@@ -298,6 +297,36 @@ report["frames"] = counter.frame_count
 print("REPORT" + json.dumps(report))
 """
 
+RULE_MAP_AGREES = """
+import builtins, json, types
+
+import torch
+import torch._dynamo
+from torch._dynamo import trace_rules
+
+rule_map = trace_rules.get_torch_obj_rule_map()
+# A file map made before the rule maps were resolved (a code object looked up
+# before any compile) holds their classes by name, which the lookup turns into
+# the classes (_variable_class).
+file_map = {
+    key: trace_rules._variable_class(rule)
+    for key, rule in trace_rules.get_torch_file_rule_map().items()
+}
+string_keys = {key: rule for key, rule in rule_map.items() if isinstance(key, str)}
+report = {
+    "built": trace_rules.rule_map_is_built(),
+    "method_keys": [repr(key) for key in rule_map if isinstance(key, types.MethodType)],
+    "file_map_differs_at": sorted(
+        key for key in set(file_map) | set(string_keys) if file_map.get(key) is not string_keys.get(key)
+    ),
+    # The polyfills Dynamo registered while it was imported are in it.
+    "all_is_polyfilled": rule_map.get(builtins.all)
+    is torch._dynamo.variables.PolyfilledFunctionVariable,
+}
+print("REPORT" + json.dumps(report))
+"""
+
+
 RESET_CODE_STATE = """
 import json, sys
 
@@ -480,29 +509,15 @@ class TestLoadImports(torch._dynamo.test_case.TestCase):
     def test_rule_map_lookups_without_the_map_agree_with_it(self):
         # See NOTE: [The torch object rule map is built on first use]: before
         # the map is built, a bound method is looked up as "not in the map"
-        # and a code object in the map's "file#name" entries.
-        from torch._dynamo import trace_rules
-
-        rule_map = trace_rules.get_torch_obj_rule_map()
-        self.assertTrue(trace_rules.rule_map_is_built())
-        self.assertEqual(
-            [key for key in rule_map if isinstance(key, types.MethodType)], []
-        )
-        # A file map made before the rule maps were resolved (a code object
-        # looked up before any compile) holds their classes by name, which the
-        # lookup turns into the classes (_variable_class).
-        self.assertEqual(
-            {
-                key: trace_rules._variable_class(rule)
-                for key, rule in trace_rules.get_torch_file_rule_map().items()
-            },
-            {key: rule for key, rule in rule_map.items() if isinstance(key, str)},
-        )
-        # The polyfills Dynamo registered while it was imported are in it.
-        self.assertIs(
-            rule_map[builtins.all], torch._dynamo.variables.PolyfilledFunctionVariable
-        )
-
+        # and a code object in the map's "file#name" entries. In a fresh
+        # process: creating a process group (earlier tests of this process may
+        # have) clears the maps, and a map rebuilt then lacks the polyfills, as
+        # in stock torch.
+        report = self.run_fresh(RULE_MAP_AGREES)
+        self.assertEqual(report["method_keys"], [])
+        self.assertEqual(report["file_map_differs_at"], [])
+        self.assertTrue(report["built"])
+        self.assertTrue(report["all_is_polyfilled"])
 
 if __name__ == "__main__":
     from torch._dynamo.test_case import run_tests
