@@ -437,7 +437,9 @@ for _name, _what in (
     )(_decode_save(_name))
 
 
-def _generate_probe(name: str, compile_options: dict, generate_options: dict, doc: str) -> None:
+def _generate_probe(
+    probe_name: str, name: str, compile_options: dict, generate_options: dict, doc: str
+) -> None:
     """A probe of generate() over model.forward = torch.compile(model.forward,
     **compile_options) with Inductor and dynamic=True, as Hugging Face
     documents: saved after SERVING_SAVE_STEPS new tokens of a short prompt,
@@ -470,7 +472,7 @@ def _generate_probe(name: str, compile_options: dict, generate_options: dict, do
         "(NOTE: [Serving probes])."
     )
     probe(
-        f"serving_{name}_{'static_cache' if generate_options else 'generate'}",
+        probe_name,
         CACHING_PRECOMPILE,
         "inductor",
         f"{doc}: {saved_and_loaded}",
@@ -479,6 +481,7 @@ def _generate_probe(name: str, compile_options: dict, generate_options: dict, do
 
 
 _generate_probe(
+    "serving_gpt2_generate",
     "gpt2",
     {},
     {},
@@ -486,6 +489,7 @@ _generate_probe(
     "as Hugging Face documents, greedy",
 )
 _generate_probe(
+    "serving_llama_static_cache",
     "llama",
     {"fullgraph": True},
     {"cache_implementation": "static"},
