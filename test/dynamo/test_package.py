@@ -12,8 +12,6 @@ import inspect
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import textwrap
 import types
@@ -29,11 +27,13 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
 )
+from torch.testing._internal.fresh_process import run_code, start_code
 
 
 RUNNER = r'''
 import importlib.util, json, os, sys, time, warnings
 import torch
+from torch.testing._internal.fresh_process import write_report
 from torch.utils._pytree import tree_leaves
 
 mode, case_path, package_dir = sys.argv[1:4]
@@ -99,7 +99,7 @@ else:
     report["compiled_binaries"] = sorted(
         f for _, _, files in os.walk(cache) for f in files if f.endswith(".so")
     )
-print("REPORT" + json.dumps(report))
+write_report(report)
 '''
 
 
@@ -277,6 +277,7 @@ TWO_MODULES = r'''
 import json, os, sys
 import torch
 from torch import nn
+from torch.testing._internal.fresh_process import write_report
 
 mode, where = sys.argv[1:3]
 torch.manual_seed(0)
@@ -317,7 +318,7 @@ else:
             report["crossed"] = "ran"
         except RuntimeError as e:
             report["crossed"] = str(e)
-print("REPORT" + json.dumps(report))
+write_report(report)
 '''
 
 
@@ -398,23 +399,18 @@ class PackageTestCase(torch._dynamo.test_case.TestCase):
         return path
 
     def run_process(self, mode, case_path, package_dir, **env):
-        cache = self.save_cache if mode == "save" else tempfile.mkdtemp(dir=self.tmp, prefix="empty-cache-")
-        full_env = {
-            **os.environ,
-            "TORCHINDUCTOR_CACHE_DIR": cache,
-            **env,
-        }
-        proc = subprocess.run(
-            [sys.executable, "-c", RUNNER, mode, str(case_path), str(package_dir)],
-            capture_output=True,
-            text=True,
-            env=full_env,
+        # The save may reuse a warm cache; every load gets an empty one.
+        if mode == "save":
+            env = {"TORCHINDUCTOR_CACHE_DIR": self.save_cache, **env}
+        return run_code(
+            RUNNER,
+            mode,
+            case_path,
+            package_dir,
+            env=env,
             cwd=self.tmp,  # not the repo: a wheel run must not import torch_overlay
+            fresh_inductor_cache=mode != "save",
         )
-        reports = [l for l in proc.stdout.splitlines() if l.startswith("REPORT")]
-        if proc.returncode != 0 or not reports:
-            self.fail(f"{mode} process failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-        return json.loads(reports[-1][len("REPORT") :])
 
     def save_and_load(self, name, backend, constants=None, **load_env):
         case = self.write_case(name, backend, **(constants or {}))
@@ -498,17 +494,15 @@ class TestPackage(PackageTestCase):
         import pickle
 
         where = self.tmp / "pkgs"
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": self.save_cache}
 
         def run(mode):
-            proc = subprocess.run(
-                [sys.executable, "-c", TWO_MODULES, mode, str(where)],
-                capture_output=True, text=True, env=env, cwd=self.tmp,
+            return run_code(
+                TWO_MODULES,
+                mode,
+                where,
+                env={"TORCHINDUCTOR_CACHE_DIR": self.save_cache},
+                cwd=self.tmp,
             )
-            reports = [l for l in proc.stdout.splitlines() if l.startswith("REPORT")]
-            if proc.returncode != 0 or not reports:
-                self.fail(f"{mode} process failed:\n{proc.stderr[-5000:]}")
-            return json.loads(reports[-1][len("REPORT"):])
 
         run("save")
         keys = {
@@ -710,15 +704,16 @@ class TestPackage(PackageTestCase):
         self.assertEqual(len(saved["warnings"]), 1)
         self.assertIn("is not saved", saved["warnings"][0])
         self.assertIn("at module scope", saved["warnings"][0])
-        proc = subprocess.run(
-            [sys.executable, "-c", RUNNER, "save", str(case), str(self.tmp / "strict")],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "TORCH_DYNAMO_PACKAGE_STRICT": "1"},
+        failed = start_code(
+            RUNNER,
+            "save",
+            case,
+            self.tmp / "strict",
+            env={"TORCH_DYNAMO_PACKAGE_STRICT": "1"},
             cwd=self.tmp,
-        )
-        self.assertNotEqual(proc.returncode, 0)
-        self.assertIn("PackageError", proc.stderr)
+        ).failure()
+        self.assertNotEqual(failed.returncode, 0)
+        self.assertIn("PackageError", failed.stderr)
 
 
 class TestPackageAndReset(PackageTestCase):
@@ -1017,6 +1012,7 @@ OPTIONS_RUNNER = r'''
 import json, os, pickle, sys, warnings
 import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
+from torch.testing._internal.fresh_process import write_report
 
 
 class ShiftedGraph(SerializableCallable):
@@ -1113,7 +1109,7 @@ for name, (kwargs, no_grad, shift) in OPTION_CASES.items():
         got["compiled_binaries"] = sorted(set(binaries()) - seen)
         seen.update(got["compiled_binaries"])
     report[name] = got
-print("REPORT" + json.dumps(report))
+write_report(report)
 '''
 
 # name -> (torch.compile kwargs, run under no_grad, shift the output by)
@@ -1156,18 +1152,16 @@ class TestPackageCompileOptions(PackageTestCase):
         source = OPTIONS_RUNNER.replace("{OPTION_CASES}", repr(cases))
         reports = {}
         for mode in ("save", "load"):
-            cache = self.save_cache if mode == "save" else tempfile.mkdtemp(dir=where, prefix="empty-cache-")
-            proc = subprocess.run(
-                [sys.executable, "-c", source, mode, str(where)],
-                capture_output=True,
-                text=True,
-                env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, **env},
+            # The save may reuse a warm cache; the load gets an empty one.
+            save_cache = {"TORCHINDUCTOR_CACHE_DIR": self.save_cache} if mode == "save" else {}
+            reports[mode] = run_code(
+                source,
+                mode,
+                where,
+                env={**save_cache, **env},
                 cwd=where,
+                fresh_inductor_cache=mode != "save",
             )
-            lines = [l for l in proc.stdout.splitlines() if l.startswith("REPORT")]
-            if proc.returncode != 0 or not lines:
-                self.fail(f"{mode} process failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-            reports[mode] = json.loads(lines[-1][len("REPORT") :])
         TestPackageCompileOptions.reports[key] = reports
         return reports
 
