@@ -26,6 +26,8 @@ from typing import Any, Callable, TYPE_CHECKING, TypeVar
 
 from torch._dynamo.exc import PackageError
 
+from .package_format import MANIFEST, SIGNATURE_FILE
+
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -35,8 +37,6 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-MANIFEST = "manifest.json"
-SIGNATURE_FILE = "manifest.json.sig"
 # How many times a loader reads a local package again when a save replaced it
 # while it was being read.
 READ_ATTEMPTS = 10

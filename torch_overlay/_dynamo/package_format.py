@@ -1,0 +1,31 @@
+"""The on-disk format of compile packages and aot_compile archives.
+
+A compile package is a directory, and an aot_compile archive a zip file, of
+the same kinds of files: a manifest that lists every other file with its
+sha256, optionally an Ed25519 signature of the manifest's bytes, Dynamo's
+entries, and the graph and kernel files those entries refer to. This module
+names them once, for every module that writes, reads, checks or moves a package
+(torch/_dynamo/package.py, package_artifacts.py, package_trust.py,
+package_storage.py):
+
+* :data:`PACKAGE_FORMAT_VERSION`: the manifest's ``format_version``;
+* :data:`MANIFEST`, :data:`SIGNATURE_FILE` and :data:`SIGNATURE_FORMAT`: the
+  manifest, its signature file and that file's ``format``;
+* :data:`DYNAMO_FILE`: the pickled list of Dynamo entries;
+* :data:`GRAPH_PREFIX` / :data:`GRAPH_SUFFIX` and :data:`KERNEL_PREFIX` /
+  :data:`KERNEL_SUFFIX`: where a graph's bytes and a CPU kernel's shared
+  object are, by artifact name and by the sha256 of the kernel's bytes.
+"""
+
+# The manifest's format_version: a package of another version is refused, not
+# read as this one.
+PACKAGE_FORMAT_VERSION = 2
+
+MANIFEST = "manifest.json"
+SIGNATURE_FILE = "manifest.json.sig"
+# The "format" field of the signature file's JSON record.
+SIGNATURE_FORMAT = 1
+
+DYNAMO_FILE = "dynamo.bin"
+GRAPH_PREFIX, GRAPH_SUFFIX = "graphs/", ".bin"
+KERNEL_PREFIX, KERNEL_SUFFIX = "kernels/", ".so"
