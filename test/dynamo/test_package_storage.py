@@ -9,6 +9,7 @@ Local packages are loaded by several processes at once, while another one
 replaces them, and saved by several processes at once.
 """
 
+import hashlib
 import json
 import os
 import socket
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 import torch._dynamo.test_case
 from torch._dynamo.exc import PackageError
+from torch._dynamo.package_format import DYNAMO_FILE, GRAPH_PREFIX, MANIFEST
 
 
 PACKAGE = "storage_pkg"
@@ -248,9 +250,19 @@ class TestPackageS3(_TmpDirTestCase):
 
 class TestPackageURLs(_TmpDirTestCase):
     def test_file_url_save_and_load_in_fresh_processes(self):
+        # A file:// prefix is the local directory it names: the save leaves a
+        # whole package there (the files its manifest lists, with those
+        # sha256s, and nothing else), which a fresh process then loads.
         prefix = f"file://{self.tmp}/store"
-        self.assertTrue(_run_worker(phase="save", prefix=prefix)["saved"])
-        self.assertTrue((self.tmp / "store" / PACKAGE / "manifest.json").is_file())
+        _run_worker(phase="save", prefix=prefix)
+        package = self.tmp / "store" / PACKAGE
+        listed = json.loads((package / MANIFEST).read_text())["files"]
+        self.assertIn(DYNAMO_FILE, listed)
+        self.assertTrue(any(name.startswith(GRAPH_PREFIX) for name in listed), listed)
+        on_disk = {str(p.relative_to(package)) for p in package.rglob("*") if p.is_file()}
+        self.assertEqual(on_disk, {MANIFEST, *listed})
+        for name, digest in listed.items():
+            self.assertEqual(hashlib.sha256((package / name).read_bytes()).hexdigest(), digest, name)
         self.assertTrue(_run_worker(phase="load", prefix=prefix)["hit"])
 
     def test_memory_url_round_trip_and_missing_object(self):
