@@ -549,17 +549,16 @@ class GuardSerializationRecorder:
     def require_identity(self, value, guard) -> None:
         if value is None or isinstance(value, bool):
             return
-        create_fn = guard.create_fn
-        while hasattr(create_fn, "func"):
-            create_fn = create_fn.func
         self.identity.setdefault(
-            id(value), (create_fn.__name__, guard.name, guard.originating_source)
+            id(value), (guard_type_name(guard), guard.name, guard.originating_source)
         )
         self.keep_alive.append(value)
 
 
-def _builder_name(guard) -> str:
-    """The name of the GuardBuilder method that makes the guard (its own type)."""
+def guard_type_name(guard) -> str:
+    """The guard's own type: the name of the GuardBuilder method that makes it
+    (``create_fn``, with any ``functools.partial`` around it unwrapped), as
+    guard_filter_fn's ``GuardFilterEntry.guard_type`` and refusals name it."""
     create_fn = guard.create_fn
     while isinstance(create_fn, functools.partial):
         create_fn = create_fn.func
@@ -569,7 +568,7 @@ def _builder_name(guard) -> str:
 def guard_type_names(guard) -> list[str]:
     """The guard's own type and the ones its builder method ran (SEQUENCE_LENGTH
     runs TYPE_MATCH...), outermost first."""
-    names = [_builder_name(guard)]
+    names = [guard_type_name(guard)]
     names.extend(n for n in (guard.guard_types or ()) if n not in names)
     return names
 
@@ -577,7 +576,7 @@ def guard_type_names(guard) -> list[str]:
 def has_guard_type(guard, guard_type: str) -> bool:
     """``guard_type in guard_type_names(guard)``, without making the list (asked
     of every guard of every saved frame)."""
-    return _builder_name(guard) == guard_type or guard_type in (guard.guard_types or ())
+    return guard_type_name(guard) == guard_type or guard_type in (guard.guard_types or ())
 
 
 def _dispatch_key_set_from_raw(raw: int, start):
