@@ -64,12 +64,19 @@ from typing import Any, Optional
 import torch
 from torch._dynamo.exc import PackageError
 
+from .package_format import (
+    DYNAMO_FILE,
+    GRAPH_PREFIX,
+    KERNEL_PREFIX,
+    KERNEL_SUFFIX,
+    MANIFEST,
+    SIGNATURE_FILE,
+    SIGNATURE_FORMAT,
+)
+
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
-SIGNATURE_FILE = "manifest.json.sig"
-SIGNATURE_FORMAT = 1
 # A name in a manifest or an archive: at most this many characters and parts.
 MAX_NAME_LENGTH = 255
 MAX_NAME_PARTS = 4
@@ -780,23 +787,25 @@ def extract_kernels(files: dict[str, bytes], where) -> tuple[Optional[Path], dic
     """Write the package's verified kernel binaries to a private directory (so what
     is dlopened is what was verified); (directory, {hash: path}). Each binary's ELF
     header is checked first; a failure leaves no directory behind."""
-    kernels = {name: data for name, data in files.items() if name.startswith("kernels/")}
+    kernels = {name: data for name, data in files.items() if name.startswith(KERNEL_PREFIX)}
     if not kernels:
         return None, {}
     paths = {}
     for name, data in kernels.items():
-        digest = name[len("kernels/") :]
-        if not (digest.endswith(".so") and "/" not in digest and len(digest) > 3):
-            raise PackageError(f"package {where}: kernel file name {name[:80]!r} is not kernels/<hash>.so")
+        digest = name[len(KERNEL_PREFIX) :]
+        if not (digest.endswith(KERNEL_SUFFIX) and "/" not in digest and len(digest) > len(KERNEL_SUFFIX)):
+            raise PackageError(
+                f"package {where}: kernel file name {name[:80]!r} is not {KERNEL_PREFIX}<hash>{KERNEL_SUFFIX}"
+            )
         check_kernel_binary(data, name, where)
-        paths[digest[: -len(".so")]] = digest
+        paths[digest[: -len(KERNEL_SUFFIX)]] = digest
     directory = Path(tempfile.mkdtemp(prefix="torch_package_kernels_"))
     try:
         for key, filename in paths.items():
             target = directory / filename
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _open_flags(), 0o500)
             with os.fdopen(fd, "wb") as f:
-                f.write(kernels["kernels/" + filename])
+                f.write(kernels[KERNEL_PREFIX + filename])
             paths[key] = str(target)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
@@ -1123,7 +1132,7 @@ def describe(path: Path) -> dict:
     manifest = package.manifest
     files = package.files
     entries = []
-    dynamo_blob = files.get("dynamo.bin")
+    dynamo_blob = files.get(DYNAMO_FILE)
     if dynamo_blob is not None:
         from torch._dynamo.package import _BuiltinsOnlyUnpickler
 
@@ -1134,7 +1143,7 @@ def describe(path: Path) -> dict:
         except PackageError:
             raise
         except Exception as e:
-            raise PackageError(f"package {path}: dynamo.bin is damaged: {e!r}") from e
+            raise PackageError(f"package {path}: {DYNAMO_FILE} is damaged: {e!r}") from e
     signed = _signer_claim(path)
     return {
         "path": str(path),
@@ -1150,8 +1159,8 @@ def describe(path: Path) -> dict:
         "aot_compile": manifest.get("aot_compile"),
         "entries": entries,
         "files": {name: len(data) for name, data in sorted(files.items())},
-        "kernels": sorted(n for n in files if n.startswith("kernels/")),
-        "graphs": sorted(n for n in files if n.startswith("graphs/")),
+        "kernels": sorted(n for n in files if n.startswith(KERNEL_PREFIX)),
+        "graphs": sorted(n for n in files if n.startswith(GRAPH_PREFIX)),
         "total_bytes": sum(len(d) for d in files.values()) + len(package.manifest_raw),
     }
 
