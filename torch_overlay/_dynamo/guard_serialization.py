@@ -13,8 +13,10 @@ the same C++ GuardManager tree from it. (``guards_serialization_mode="save"`` /
 guards.py.)
 
 Provides :class:`GuardsState`, :class:`OutputGraphGuardsState`,
-:func:`pickle_guards_state`, :func:`load_guards_state` (a restricted unpickler),
-the refusal policy (:data:`UNSUPPORTED_SERIALIZATION_GUARD_TYPES`,
+:func:`pickle_guards_state`, :func:`load_guards_state` (a restricted unpickler,
+the only way in: NOTE: [One guard load path]), :func:`hydrate`,
+:func:`guard_type_name` (a guard's type, as filters and refusals name it), the
+refusal policy (:data:`UNSUPPORTED_SERIALIZATION_GUARD_TYPES`,
 :data:`SERIALIZATION_REFUSAL_REASONS`, :func:`refusal_message`,
 :class:`LocalScopeTypeError`), stable names (:func:`find_stable_name`,
 :func:`resolve_name`) and the recorder the GuardBuilder reports to. What each
@@ -76,6 +78,7 @@ import pickle
 import re
 import sys
 import types
+import weakref
 from typing import Any, Optional, Union
 
 import torch
@@ -1084,8 +1087,28 @@ class GuardsStateUnpickler(pickle.Unpickler):
         return obj
 
 
+# NOTE: [One guard load path]
+# Saved guards are built into a guard manager from what load_guards_state
+# returns, and from nothing else: it reads the bytes with the restricted
+# unpickler (GuardsStateUnpickler) and rebuilds the saved guards, so whatever
+# hydrate() builds from has passed its allow-list. The states it returned are
+# remembered by identity (a weak table: a copy or a re-pickle of one is not
+# one of them). The seed's alias also takes the GuardsState that plain
+# ``pickle.loads(guards_state)`` returns (CheckFunctionManager(code, state,
+# guards_serialization_mode="load")); as_loaded_guards_state() reads such a
+# state again through load_guards_state, so the restricted unpickler runs on
+# it too and hydrate() has one kind of input. Without a runtime global scope,
+# hydrate() binds the globals of the module the guards were saved from only if
+# that module is already imported: a module name read from the bytes is never
+# imported (importing runs the module's code).
+_READ_BY_LOAD_GUARDS_STATE: weakref.WeakValueDictionary[int, OutputGraphGuardsState] = (
+    weakref.WeakValueDictionary()
+)
+
+
 def load_guards_state(data: bytes) -> GuardsState:
-    """Read ``guards_state`` bytes with the restricted unpickler."""
+    """Read ``guards_state`` bytes with the restricted unpickler (see NOTE: [One
+    guard load path])."""
     try:
         state = GuardsStateUnpickler(io.BytesIO(data)).load()
     except PackageError:
@@ -1097,13 +1120,32 @@ def load_guards_state(data: bytes) -> GuardsState:
             f"guards state holds a {type(state).__qualname__}, not a GuardsState"
         )
     og = state.output_graph
-    if (
-        isinstance(og, OutputGraphGuardsState)
-        and og.format_version == GUARDS_STATE_FORMAT_VERSION
-    ):
-        # (a state of another format is refused by its version, in hydrate)
-        og.guards = _loaded_guards(og.guards)
+    if isinstance(og, OutputGraphGuardsState):
+        if og.format_version == GUARDS_STATE_FORMAT_VERSION:
+            # (a state of another format is refused by its version, in hydrate)
+            og.guards = _loaded_guards(og.guards)
+        _READ_BY_LOAD_GUARDS_STATE[id(og)] = og
     return state
+
+
+def read_by_load_guards_state(output_graph) -> bool:
+    """Whether ``output_graph`` is the state of a GuardsState that
+    :func:`load_guards_state` returned (NOTE: [One guard load path])."""
+    return _READ_BY_LOAD_GUARDS_STATE.get(id(output_graph)) is output_graph
+
+
+def as_loaded_guards_state(state: GuardsState) -> GuardsState:
+    """``state`` if :func:`load_guards_state` returned its output graph state;
+    otherwise (the seed alias's ``pickle.loads(guards_state)``) the same state
+    read again through load_guards_state (NOTE: [One guard load path])."""
+    if not isinstance(state, GuardsState):
+        raise PackageError(
+            f"cannot load guards from a {type(state).__qualname__}; read the "
+            "guards_state bytes with load_guards_state"
+        )
+    if read_by_load_guards_state(state.output_graph):
+        return state
+    return load_guards_state(pickle_guards_state(state))
 
 
 def check_state_compatible(og: OutputGraphGuardsState, f_code) -> None:
@@ -1189,24 +1231,35 @@ def reserve_dynamo_global_names(names) -> None:
     )
 
 
+def _saved_module_globals(module_name: Optional[str]) -> dict:
+    """The globals of the module the guards were saved from, which must be
+    imported already (NOTE: [One guard load path])."""
+    if not module_name:
+        return {}
+    module = sys.modules.get(module_name)
+    if module is None:
+        raise PackageError(
+            f"guards read globals of module {module_name!r}, which is not imported; "
+            "import it first, or load with the globals of the code the guards are "
+            "for (torch._dynamo.package.load_guard_manager(state, code, f_globals))"
+        )
+    return vars(module)
+
+
 def hydrate(state: GuardsState, f_code, runtime_global_scope=None) -> LoadedGuardsState:
+    """The state :func:`load_guards_state` read, with its stand-ins turned back
+    into objects, for guards of ``f_code``. ``runtime_global_scope``: the
+    globals the guards bind to (by default those of the module the guards were
+    saved from, if it is imported; see NOTE: [One guard load path])."""
     from torch._dynamo.guard_serialization_codecs import _Hydrator
 
+    state = as_loaded_guards_state(state)
     og = state.output_graph
     check_state_compatible(og, f_code)
+    if runtime_global_scope is None:
+        runtime_global_scope = _saved_module_globals(og.global_module)
     h = _Hydrator()
     values = {name: h(v) for name, v in og.values.items()}
-    if runtime_global_scope is None:
-        module = sys.modules.get(og.global_module) if og.global_module else None
-        if module is None and og.global_module:
-            try:
-                module = importlib.import_module(og.global_module)
-            except Exception as e:
-                raise PackageError(
-                    f"guards read globals of module {og.global_module!r}, which "
-                    f"cannot be imported here: {e!r}"
-                ) from e
-        runtime_global_scope = vars(module) if module is not None else {}
     for name, ref in og.installed_globals.items():
         runtime_global_scope.setdefault(name, resolve_name(ref))
     reserve_dynamo_global_names(og.installed_globals)
@@ -1216,7 +1269,5 @@ def hydrate(state: GuardsState, f_code, runtime_global_scope=None) -> LoadedGuar
         global_scope={k: h(v) for k, v in og.global_scope.items()},
         values=values,
         torch_function_mode_stack=[h(m) for m in og.torch_function_mode_stack],
-        # (a state unpickled without load_guards_state still holds the pairs)
-        guards=_loaded_guards(og.guards),
     )
     return LoadedGuardsState(loaded, state.shape_code_parts, runtime_global_scope, h.keep_alive)
