@@ -1,10 +1,11 @@
 """Trace one call of a function with Dynamo's InstructionTranslator, as a compile does.
 
-A test helper, not a test file: the guard serialization tests
-(test_guard_serialization.py, test_guard_serialization_functorch.py) build their
-CheckFunctionManagers with it, and so does the behaviour diff's guard probe runner,
-which runs it under torch 2.7.1 (with or without the backported modules) and under
-upstream torch. It therefore imports only what all of those have, and finds version
+A test helper, not a test file: guard_round_trip.py, the harness the guard
+serialization tests (test_guard_serialization.py,
+test_guard_serialization_functorch.py) and the behaviour diff's guard probe runner
+build, save and load their guard managers with, traces with it; the runner runs it
+under torch 2.7.1 (with or without the backported modules) and under upstream
+torch. It therefore imports only what all of those have, and finds version
 differences by signature (upstream's InstructionTranslator takes ``package``).
 
 * :func:`frame_of` -- the frame a call would get (locals with defaults applied, the

@@ -1,14 +1,16 @@
 # Owner(s): ["module: dynamo"]
 """Guard serialization: every guard type of torch 2.7.1 saved and loaded, or refused.
 
-Protocol (the seed's): keep one guard type with guard_filter_fn, run
-InstructionTranslator directly on an example function to get the OutputGraph and
-the reference CheckFunctionManager (guards_serialization_mode="save"), rebuild a
-manager from ``pickle.loads(guards_state)`` with guards_serialization_mode="load",
-then throw accepted and rejected inputs at both and require equal decisions.
-That is the seed's spelling, an alias of upstream's save_guards=True and
-torch._dynamo.package.load_guard_manager; TestGuardSerializationSpellings
-proves the two agree.
+Protocol: keep one guard type with guard_filter_fn, run InstructionTranslator
+directly on an example function to get the OutputGraph and the reference
+CheckFunctionManager (save_guards=True), rebuild a guard manager from its
+``guards_state`` with torch._dynamo.package.load_guard_manager(load_guards_state(
+guards_state), code, f_globals), then throw accepted and rejected inputs at both
+and require equal decisions. Building, saving and loading, in this process or in
+fresh ones, is guard_round_trip.py's, the harness the behaviour diff's probe
+runner shares; every load goes through the restricted unpickler. The seed's
+spelling (guards_serialization_mode="save" / "load") is an alias of the same:
+TestGuardSerializationSpellings proves the two agree.
 """
 
 import collections
@@ -21,10 +23,8 @@ import itertools
 import math
 import os
 import pickle
-import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import types
 import unittest.mock
@@ -35,8 +35,9 @@ import torch._dynamo.test_case
 import torch.autograd.forward_ad as fwAD
 import torch.utils._pytree as pytree
 from torch._dynamo.exc import PackageError
-from torch._dynamo.guard_serialization import LocalScopeTypeError
+from torch._dynamo.guard_serialization import guard_type_name, LocalScopeTypeError
 from torch._dynamo.guards import CheckFunctionManager, GuardBuilder
+from torch._dynamo.package import load_guard_manager, load_guards_state
 from torch._dynamo.source import AttrSource, GlobalStateSource, LocalSource
 from torch._guards import Guard
 from torch.testing._internal.common_utils import (
@@ -46,7 +47,11 @@ from torch.testing._internal.common_utils import (
 from torch.testing._internal.custom_tensor import ConstantExtraMetadataTensor
 from torch.testing._internal.two_tensor import TwoTensor
 
-from frame_tracing import frame_of, trace_frame
+from guard_round_trip import (
+    build_check_fn_manager,
+    load_built,
+    save_and_load_in_fresh_processes,
+)
 
 
 # Module-level objects the example functions use: stable names across processes.
@@ -237,93 +242,6 @@ def without_type_match_only(entries):
     return [e.guard_type != "TYPE_MATCH" for e in entries]
 
 
-@dataclasses.dataclass
-class Built:
-    code: types.CodeType
-    ref: CheckFunctionManager
-    f_locals: dict
-
-
-def build_check_fn_manager(
-    fn,
-    args,
-    kwargs=None,
-    *,
-    guard_types=None,
-    extra_guards=(),
-    mode="save",
-    save_guards=False,
-    guard_filter_fn=None,
-    backend=None,
-):
-    """Trace ``fn(*args)`` with InstructionTranslator as a compile would
-    (frame_tracing.trace_frame); build its guard manager.
-
-    The frame is made from the arguments without running ``fn``, so inputs that
-    calling would consume (iterators) are guarded as given. ``extra_guards``,
-    (source, GuardBuilder method) pairs, are added to the traced graph's guards.
-    """
-    frame = frame_of(fn, args, kwargs)
-
-    def keep_guard_types(entries):
-        # The global state and torch function mode stack guards stay, as when
-        # 2.7.1 installed them outside any filter (the guard filter presets'
-        # patch made them the filterable GLOBAL_STATE / TORCH_FUNCTION_STATE).
-        return [
-            e.guard_type in guard_types
-            or e.guard_type in ("GLOBAL_STATE", "TORCH_FUNCTION_STATE")
-            for e in entries
-        ]
-
-    if guard_filter_fn is None and guard_types:
-        guard_filter_fn = keep_guard_types
-
-    def build(code, output_graph):
-        for source, create_fn in extra_guards:
-            output_graph.guards.add(Guard(source, create_fn))
-        return CheckFunctionManager(
-            code,
-            output_graph,
-            guard_filter_fn=guard_filter_fn,
-            guards_serialization_mode=mode,
-            save_guards=save_guards,
-        )
-
-    ref = trace_frame(frame, build=build, backend=backend)
-    return Built(frame.code, ref, frame.f_locals)
-
-
-def save_and_load_in_fresh_processes(test, save_body: str, load_body: str) -> str:
-    """Runs ``save_body`` in one fresh interpreter and ``load_body`` in another;
-    both see this module as ``t`` and the guards file as ``GUARDS_PATH``. Returns
-    what the loading one printed."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    module = os.path.splitext(os.path.basename(__file__))[0]
-    safe_path = ["-P"] if sys.flags.safe_path else []
-    with tempfile.TemporaryDirectory() as tmp:
-        prelude = (
-            f"import sys, torch\nsys.path.insert(0, {here!r})\nimport {module} as t\n"
-            "from torch._dynamo.guards import CheckFunctionManager\n"
-            f"GUARDS_PATH = {os.path.join(tmp, 'guards.bin')!r}\n"
-        )
-        for body in (save_body, load_body):
-            proc = subprocess.run(
-                [sys.executable, *safe_path, "-c", prelude + textwrap.dedent(body)],
-                capture_output=True,
-                text=True,
-            )
-            test.assertEqual(proc.returncode, 0, proc.stderr)
-    return proc.stdout
-
-
-def load_check_fn_manager(built: Built) -> CheckFunctionManager:
-    return CheckFunctionManager(
-        built.code,
-        pickle.loads(built.ref.guards_state),
-        guards_serialization_mode="load",
-    )
-
-
 @contextlib.contextmanager
 def patched_global(name, value):
     module = sys.modules[__name__]
@@ -341,10 +259,11 @@ class GuardSerializationTestCase(torch._dynamo.test_case.TestCase):
             guard_types = (guard_types,)
         built = build_check_fn_manager(fn, args, guard_types=guard_types, **kwargs)
         self.assertIsInstance(built.ref.guards_state, bytes)
-        return built, load_check_fn_manager(built)
+        return built, load_built(built)
 
     def assert_same_decisions(self, built, loaded, accepted, rejected):
-        """Every input of ``accepted`` passes both managers, of ``rejected`` neither.
+        """Every input of ``accepted`` passes both the reference manager
+        (``built.ref``) and the ``loaded`` guard manager, of ``rejected`` neither.
 
         An input is a dict of frame locals, or a (context manager, locals) pair to
         decide under some global state.
@@ -358,7 +277,7 @@ class GuardSerializationTestCase(torch._dynamo.test_case.TestCase):
                 )
                 with ctx:
                     ref = built.ref.guard_manager.check(f_locals)
-                    got = loaded.guard_manager.check(f_locals)
+                    got = loaded.check(f_locals)
                 self.assertEqual(ref, expected, f"reference decided {ref} on {f_locals}")
                 self.assertEqual(got, ref, f"loaded decided {got}, reference {ref} on {f_locals}")
 
@@ -409,7 +328,7 @@ class TestGuardSerialization(GuardSerializationTestCase):
             built = build_check_fn_manager(fn, (torch.randn(3),), guard_types=("TENSOR_MATCH",))
             inference_tensor = torch.randn(3)
         with torch.inference_mode(load_under_inference_mode):
-            loaded = load_check_fn_manager(built)
+            loaded = load_built(built)
         self.assert_same_decisions(
             built,
             loaded,
@@ -429,7 +348,7 @@ class TestGuardSerialization(GuardSerializationTestCase):
             return x * 2
 
         built = build_check_fn_manager(fn, (TwoTensor(torch.randn(3), torch.randn(3)),))
-        loaded = load_check_fn_manager(built)
+        loaded = load_built(built)
 
         def two(*shape, **kwargs):
             return TwoTensor(torch.randn(*shape, **kwargs), torch.randn(*shape, **kwargs))
@@ -479,7 +398,7 @@ class TestGuardSerialization(GuardSerializationTestCase):
 
         with torch._dynamo.config.patch(traceable_tensor_subclasses={TaggedTensor}):
             built = build_check_fn_manager(fn, (tagged(3),))
-            loaded = load_check_fn_manager(built)
+            loaded = load_built(built)
             self.assert_same_decisions(
                 built,
                 loaded,
@@ -925,7 +844,7 @@ class TestGuardSerialization(GuardSerializationTestCase):
             built = build_check_fn_manager(
                 uses_global_scale, (torch.ones(2),), guard_types=("CONSTANT_MATCH",)
             )
-        loaded = load_check_fn_manager(built)
+        loaded = load_built(built)
         self.assert_same_decisions(
             built,
             loaded,
@@ -1000,7 +919,7 @@ class TestGuardSerialization(GuardSerializationTestCase):
             (make_local_module(), torch.ones(2)),
             guard_filter_fn=without_type_match,
         )
-        loaded = load_check_fn_manager(built)
+        loaded = load_built(built)
         hooked = make_local_module()
         hooked.register_forward_pre_hook(lambda *a: None)
         self.assert_same_decisions(
@@ -1017,34 +936,36 @@ class TestGuardSerialization(GuardSerializationTestCase):
     def test_module_defined_in_a_function_cross_process(self):
         # The loading process has its own LocalModule class (another object
         # than the saving process's): the guards never compare classes.
-        stdout = save_and_load_in_fresh_processes(
-            self,
+        decisions = save_and_load_in_fresh_processes(
+            __file__,
             """
             torch._dynamo.config.skip_nnmodule_hook_guards = False
-            built = t.build_check_fn_manager(
-                t.calls_module,
-                (t.make_local_module(), torch.ones(2)),
-                guard_filter_fn=t.without_type_match,
+            save(
+                t.build_check_fn_manager(
+                    t.calls_module,
+                    (t.make_local_module(), torch.ones(2)),
+                    guard_filter_fn=t.without_type_match,
+                )
             )
-            open(GUARDS_PATH, "wb").write(built.ref.guards_state)
             """,
             """
             # (read again while the loaded guards are built)
             torch._dynamo.config.skip_nnmodule_hook_guards = False
-            data = open(GUARDS_PATH, "rb").read()
-            m = CheckFunctionManager(t.calls_module.__code__, data, guards_serialization_mode="load")
+            m = load(t.calls_module)
             hooked = t.make_local_module()
             hooked.register_forward_hook(lambda *a: None)
-            for module, x in [
-                (t.make_local_module(), torch.ones(2)),
-                (t.make_local_module(out_features=3), torch.ones(2)),
-                (hooked, torch.ones(2)),
-                (t.make_local_module(), torch.ones(3)),
-            ]:
-                print(m.guard_manager.check({"m": module, "x": x}))
+            report([
+                m.check({"m": module, "x": x})
+                for module, x in [
+                    (t.make_local_module(), torch.ones(2)),
+                    (t.make_local_module(out_features=3), torch.ones(2)),
+                    (hooked, torch.ones(2)),
+                    (t.make_local_module(), torch.ones(3)),
+                ]
+            ])
             """,
         )
-        self.assertEqual(stdout.split(), ["True", "False", "False", "False"])
+        self.assertEqual(decisions, [True, False, False, False])
 
     @parametrize("kind", ["keys", "values", "items"])
     def test_dict_view_input(self, kind):
@@ -1055,7 +976,7 @@ class TestGuardSerialization(GuardSerializationTestCase):
             return getattr(d, kind)()
 
         built = build_check_fn_manager(fn, (torch.ones(2), view({"a": 1, "b": 2})))
-        loaded = load_check_fn_manager(built)
+        loaded = load_built(built)
         rejected = [
             {"x": torch.ones(2), "view": {"a": 1, "b": 2}},
             {"x": torch.ones(2), "view": ["a", "b"]},
@@ -1077,7 +998,7 @@ class TestGuardSerialization(GuardSerializationTestCase):
             return x * list(keys)[0]  # noqa: RUF015 - the traced list() of a keys view
 
         built = build_check_fn_manager(fn, (torch.ones(2), {3: "a"}.keys()))
-        loaded = load_check_fn_manager(built)
+        loaded = load_built(built)
         self.assert_same_decisions(
             built,
             loaded,
@@ -1086,20 +1007,20 @@ class TestGuardSerialization(GuardSerializationTestCase):
         )
 
     def test_dict_views_cross_process(self):
-        stdout = save_and_load_in_fresh_processes(
-            self,
+        decisions = save_and_load_in_fresh_processes(
+            __file__,
             """
-            built = t.build_check_fn_manager(t.counts_keys, (torch.ones(2), {1: 0, 2: 0}.keys()))
-            open(GUARDS_PATH, "wb").write(built.ref.guards_state)
+            save(t.build_check_fn_manager(t.counts_keys, (torch.ones(2), {1: 0, 2: 0}.keys())))
             """,
             """
-            data = open(GUARDS_PATH, "rb").read()
-            m = CheckFunctionManager(t.counts_keys.__code__, data, guards_serialization_mode="load")
-            for keys in [{1: 5, 2: 6}.keys(), {1: 0, 3: 0}.keys(), {1: 0}.keys(), {1: 0, 2: 0}.values()]:
-                print(m.guard_manager.check({"x": torch.ones(2), "keys": keys}))
+            m = load(t.counts_keys)
+            report([
+                m.check({"x": torch.ones(2), "keys": keys})
+                for keys in [{1: 5, 2: 6}.keys(), {1: 0, 3: 0}.keys(), {1: 0}.keys(), {1: 0, 2: 0}.values()]
+            ])
             """,
         )
-        self.assertEqual(stdout.split(), ["True", "False", "False", "False"])
+        self.assertEqual(decisions, [True, False, False, False])
 
     def test_function_reached_through_wrapped(self):
         # Compiling a functools.wraps wrapper guards on the function it closes
@@ -1115,43 +1036,42 @@ class TestGuardSerialization(GuardSerializationTestCase):
         )
 
     def test_function_reached_through_wrapped_cross_process(self):
-        stdout = save_and_load_in_fresh_processes(
-            self,
+        decisions = save_and_load_in_fresh_processes(
+            __file__,
             """
-            built = t.build_check_fn_manager(t.halved, (torch.ones(2),))
-            open(GUARDS_PATH, "wb").write(built.ref.guards_state)
+            save(t.build_check_fn_manager(t.halved, (torch.ones(2),)))
             """,
             """
-            data = open(GUARDS_PATH, "rb").read()
-            m = CheckFunctionManager(t.halved.__code__, data, guards_serialization_mode="load")
-            for fn in (t.halved.__wrapped__, t.doubled.__wrapped__, t.halved):
-                print(m.guard_manager.check({"x": torch.ones(2), "fn": fn}))
+            m = load(t.halved)
+            report([
+                m.check({"x": torch.ones(2), "fn": fn})
+                for fn in (t.halved.__wrapped__, t.doubled.__wrapped__, t.halved)
+            ])
             """,
         )
-        self.assertEqual(stdout.split(), ["True", "False", "False"])
+        self.assertEqual(decisions, [True, False, False])
 
     def test_two_tensor_cross_process(self):
-        stdout = save_and_load_in_fresh_processes(
-            self,
+        decisions = save_and_load_in_fresh_processes(
+            __file__,
             """
             from torch.testing._internal.two_tensor import TwoTensor
-            x = TwoTensor(torch.randn(3), torch.randn(3))
-            built = t.build_check_fn_manager(t.plus_one, (x,))
-            open(GUARDS_PATH, "wb").write(built.ref.guards_state)
+            save(t.build_check_fn_manager(t.plus_one, (TwoTensor(torch.randn(3), torch.randn(3)),)))
             """,
             """
-            data = open(GUARDS_PATH, "rb").read()
-            m = CheckFunctionManager(t.plus_one.__code__, data, guards_serialization_mode="load")
+            m = load(t.plus_one)
             from torch.testing._internal.two_tensor import TwoTensor
-            for x in [
-                TwoTensor(torch.randn(3), torch.randn(3)),
-                TwoTensor(torch.randn(4), torch.randn(4)),
-                torch.randn(3),
-            ]:
-                print(m.guard_manager.check({"x": x}))
+            report([
+                m.check({"x": x})
+                for x in [
+                    TwoTensor(torch.randn(3), torch.randn(3)),
+                    TwoTensor(torch.randn(4), torch.randn(4)),
+                    torch.randn(3),
+                ]
+            ])
             """,
         )
-        self.assertEqual(stdout.split(), ["True", "False", "False"])
+        self.assertEqual(decisions, [True, False, False])
 
     def test_nn_module_by_stable_name(self):
         with torch._dynamo.config.patch(inline_inbuilt_nn_modules=False):
@@ -1163,9 +1083,18 @@ class TestGuardSerialization(GuardSerializationTestCase):
             rejected=[(patched_global("MODEL", Small()), {"x": torch.ones(2)})],
         )
 
+    def test_guard_type_name_is_the_builder_method(self):
+        # partials (a builder method with its arguments bound) are unwrapped
+        source = LocalSource("x")
+        for create_fn in (
+            GuardBuilder.TYPE_MATCH,
+            functools.partial(GuardBuilder.TYPE_MATCH),
+            functools.partial(functools.partial(GuardBuilder.TYPE_MATCH)),
+        ):
+            self.assertEqual(guard_type_name(Guard(source, create_fn)), "TYPE_MATCH")
+
     def test_saved_guard_lists_round_trip_and_damage_is_refused(self):
         from torch._dynamo import guard_serialization
-        from torch._dynamo.package import load_guards_state
 
         def fn(x, y):
             return x * y + 1
@@ -1416,7 +1345,7 @@ class TestGuardSerialization(GuardSerializationTestCase):
 
         with torch.no_grad():
             built = build_check_fn_manager(fn, (torch.ones(2),), guard_types=("GRAD_MODE",))
-        loaded = load_check_fn_manager(built)
+        loaded = load_built(built)
         self.assertTrue(torch.is_grad_enabled())
         self.assert_same_decisions(
             built,
@@ -1483,7 +1412,7 @@ class TestGuardSerialization(GuardSerializationTestCase):
             return m(x).relu()
 
         built = build_check_fn_manager(fn, (Small(), torch.ones(2)))
-        loaded = load_check_fn_manager(built)
+        loaded = load_built(built)
         other = Small()
         other.lin = torch.nn.Linear(2, 3)
         self.assert_same_decisions(
@@ -1508,13 +1437,13 @@ class TestGuardSerialization(GuardSerializationTestCase):
             x = torch.ones(5, 3)
             torch._dynamo.mark_dynamic(x, 0)
             built = build_check_fn_manager(lambda x: x * x.shape[0], (x,))
-        loaded = load_check_fn_manager(built)
+        loaded = load_built(built)
 
         def tree(manager):
             # Drop the provenance comments (file:line of the compile) only.
             return [line.split("#")[0].rstrip() for line in str(manager).splitlines()]
 
-        self.assertEqual(tree(loaded.guard_manager), tree(built.ref.guard_manager))
+        self.assertEqual(tree(loaded), tree(built.ref.guard_manager))
 
 
 class TestGuardSerializationValues(GuardSerializationTestCase):
@@ -1522,7 +1451,7 @@ class TestGuardSerializationValues(GuardSerializationTestCase):
 
     def roundtrip_all(self, fn, args):
         built = build_check_fn_manager(fn, args)
-        return built, load_check_fn_manager(built)
+        return built, load_built(built)
 
     def test_zero_dim_tensor(self):
         built, loaded = self.roundtrip_all(lambda x: x * 2, (torch.tensor(1.5),))
@@ -1607,36 +1536,36 @@ class TestGuardSerializationValues(GuardSerializationTestCase):
         built = build_check_fn_manager(
             by_sdp_backend, (torch.ones(2), torch.nn.attention.SDPBackend.MATH)
         )
-        state = pickle.loads(built.ref.guards_state)
+        state = load_guards_state(built.ref.guards_state)
         values = state.output_graph.values
         stand_in = values["L['backend']"]
         self.assertIsInstance(stand_in, codecs._EnumStandIn)
         values["L['backend']"] = dataclasses.replace(stand_in, member="NO_SUCH_MEMBER")
         state.output_graph.local_scope["backend"] = values["L['backend']"]
         with self.assertRaisesRegex(PackageError, r"\.NO_SUCH_MEMBER, a member"):
-            CheckFunctionManager(built.code, state, guards_serialization_mode="load")
+            load_guard_manager(state, built.code, built.f_globals)
         # so is a member an enum.Enum no longer has
         gone = codecs._EnumStandIn(stand_in.cls.__class__(__name__, "Color"), "GREEN")
         with self.assertRaisesRegex(PackageError, r"Color\.GREEN, a member"):
             codecs._Hydrator()(gone)
 
     def test_cpp_enum_member_cross_process(self):
-        stdout = save_and_load_in_fresh_processes(
-            self,
+        decisions = save_and_load_in_fresh_processes(
+            __file__,
             """
             args = (torch.ones(2), torch.nn.attention.SDPBackend.MATH)
-            built = t.build_check_fn_manager(t.by_sdp_backend, args)
-            open(GUARDS_PATH, "wb").write(built.ref.guards_state)
+            save(t.build_check_fn_manager(t.by_sdp_backend, args))
             """,
             """
-            data = open(GUARDS_PATH, "rb").read()
-            m = CheckFunctionManager(t.by_sdp_backend.__code__, data, guards_serialization_mode="load")
+            m = load(t.by_sdp_backend)
             from torch.nn.attention import SDPBackend
-            for backend in [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION]:
-                print(m.guard_manager.check({"x": torch.ones(2), "backend": backend}))
+            report([
+                m.check({"x": torch.ones(2), "backend": backend})
+                for backend in [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION]
+            ])
             """,
         )
-        self.assertEqual(stdout.split(), ["True", "False"])
+        self.assertEqual(decisions, [True, False])
 
     def test_count_iterator(self):
         # NOTE: [Count iterators] in guard_serialization_codecs.py
@@ -1667,8 +1596,8 @@ class TestGuardSerializationValues(GuardSerializationTestCase):
             build_check_fn_manager(counts_with, (torch.ones(2), counter), guard_types=("TYPE_MATCH",))
         # read by no guard, it is left out
         built = build_check_fn_manager(counts_with, (torch.ones(2), counter), guard_types=("TENSOR_MATCH",))
-        loaded = load_check_fn_manager(built)
-        self.assertTrue(loaded.guard_manager.check({"x": torch.ones(2), "counter": counter}))
+        loaded = load_built(built)
+        self.assertTrue(loaded.check({"x": torch.ones(2), "counter": counter}))
 
     def test_partial(self):
         built, loaded = self.roundtrip_all(uses_global_partial, (torch.ones(2),))
@@ -1726,7 +1655,7 @@ class TestGuardsStateFormat(GuardSerializationTestCase):
         h = types.SimpleNamespace(cfg=cfg)
         built = build_check_fn_manager(fn, (torch.ones(2), h), guard_types=("CONSTANT_MATCH",))
         self.assertNotIn(b"threading", built.ref.guards_state)
-        loaded = load_check_fn_manager(built)
+        loaded = load_built(built)
         self.assert_same_decisions(
             built,
             loaded,
@@ -1756,31 +1685,60 @@ class TestGuardsStateFormat(GuardSerializationTestCase):
 
         data = pickle.dumps(Exploit())
         with self.assertRaisesRegex(PackageError, r"refusing to unpickle posix\.system|refusing to unpickle os\.system"):
-            CheckFunctionManager(plus_one.__code__, data, guards_serialization_mode="load")
+            load_guards_state(data)
         self.assertFalse(os.path.exists(marker))
 
     def test_damaged_state_is_a_package_error(self):
         built = build_check_fn_manager(plus_one, (torch.ones(2),))
         for data in (built.ref.guards_state[: len(built.ref.guards_state) // 2], b"garbage"):
             with self.assertRaises(PackageError):
-                CheckFunctionManager(built.code, data, guards_serialization_mode="load")
+                load_guards_state(data)
 
     def test_wrong_code_or_version_is_refused(self):
         built = build_check_fn_manager(plus_one, (torch.ones(2),))
+        state = load_guards_state(built.ref.guards_state)
         with self.assertRaisesRegex(PackageError, "saved for code 'plus_one'"):
-            CheckFunctionManager(
-                uses_global_scale.__code__,
-                built.ref.guards_state,
-                guards_serialization_mode="load",
-            )
-        state = pickle.loads(built.ref.guards_state)
+            load_guard_manager(state, uses_global_scale.__code__, built.f_globals)
         state.output_graph.torch_version = "2.13.0"
         with self.assertRaisesRegex(PackageError, "saved by torch 2.13.0"):
-            CheckFunctionManager(built.code, state, guards_serialization_mode="load")
+            load_guard_manager(state, built.code, built.f_globals)
         state.output_graph.torch_version = str(torch.__version__)
         state.output_graph.format_version = 99
         with self.assertRaisesRegex(PackageError, "format 99 is not supported"):
-            CheckFunctionManager(built.code, state, guards_serialization_mode="load")
+            load_guard_manager(state, built.code, built.f_globals)
+
+    def test_hydrate_never_imports_a_module_named_by_the_bytes(self):
+        # Saved guards name the module whose globals they read. Without the
+        # runtime globals, a load binds that module's only if it is imported:
+        # importing a module named by the bytes would run its code.
+        from torch._dynamo import guard_serialization
+
+        tmp = tempfile.mkdtemp()
+        marker = os.path.join(tmp, "imported")
+        name = f"guards_state_names_me_{os.getpid()}"
+        with open(os.path.join(tmp, f"{name}.py"), "w") as f:
+            f.write(f"open({marker!r}, 'w').close()\n")
+        built = build_check_fn_manager(plus_one, (torch.ones(2),))
+        state = load_guards_state(built.ref.guards_state)
+        state.output_graph.global_module = name
+        data = guard_serialization.pickle_guards_state(state)
+        sys.path.insert(0, tmp)
+        try:
+            with self.assertRaisesRegex(PackageError, f"module '{name}', which is not imported"):
+                guard_serialization.hydrate(load_guards_state(data), built.code)
+            # upstream's spelling without runtime_global_scope hydrates so too
+            state = load_guards_state(data)
+            with self.assertRaisesRegex(PackageError, "which is not imported"):
+                CheckFunctionManager(
+                    built.code, state.output_graph, shape_code_parts=state.shape_code_parts
+                )
+            # given the globals, the module's name is not needed
+            loaded = load_guard_manager(load_guards_state(data), built.code, built.f_globals)
+        finally:
+            sys.path.remove(tmp)
+        self.assertNotIn(name, sys.modules)
+        self.assertFalse(os.path.exists(marker))
+        self.assertTrue(loaded.check({"x": torch.ones(2)}))
 
     def test_unresolvable_name_fails_the_guard_not_the_load(self):
         built = build_check_fn_manager(
@@ -1790,43 +1748,40 @@ class TestGuardsStateFormat(GuardSerializationTestCase):
         saved = module.Foo
         del module.Foo
         try:
-            loaded = load_check_fn_manager(built)
+            loaded = load_built(built)
         finally:
             module.Foo = saved
         self.assertTrue(built.ref.guard_manager.check({"x": torch.ones(2), "o": Foo()}))
-        self.assertFalse(loaded.guard_manager.check({"x": torch.ones(2), "o": Foo()}))
+        self.assertFalse(loaded.check({"x": torch.ones(2), "o": Foo()}))
 
     def test_upstream_spelling(self):
         built = build_check_fn_manager(uses_global_scale, (torch.ones(2),))
-        state = pickle.loads(built.ref.guards_state)
+        # What load_guard_manager does: the saved state in place of the OutputGraph.
+        state = load_guards_state(built.ref.guards_state)
         loaded = CheckFunctionManager(
             built.code,
             state.output_graph,
             shape_code_parts=state.shape_code_parts,
             runtime_global_scope=globals(),
         )
-        # save_guards=True is the same as guards_serialization_mode="save"
         self.assertIsNone(loaded.guards_state)
         self.assertTrue(loaded.guard_manager.check({"x": torch.ones(2)}))
 
     def test_cross_process(self):
         # Saved by one interpreter, loaded and checked by a fresh one.
-        stdout = save_and_load_in_fresh_processes(
-            self,
+        decisions = save_and_load_in_fresh_processes(
+            __file__,
             """
-            built = t.build_check_fn_manager(t.uses_global_model, (torch.ones(2),))
-            open(GUARDS_PATH, "wb").write(built.ref.guards_state)
+            save(t.build_check_fn_manager(t.uses_global_model, (torch.ones(2),)))
             """,
             """
-            data = open(GUARDS_PATH, "rb").read()
-            m = CheckFunctionManager(t.uses_global_model.__code__, data, guards_serialization_mode="load")
-            print(m.guard_manager.check({"x": torch.ones(2)}),
-                  m.guard_manager.check({"x": torch.ones(3)}))
+            m = load(t.uses_global_model)
+            decisions = [m.check({"x": torch.ones(2)}), m.check({"x": torch.ones(3)})]
             t.MODEL.lin = torch.nn.Linear(2, 4)
-            print(m.guard_manager.check({"x": torch.ones(2)}))
+            report(decisions + [m.check({"x": torch.ones(2)})])
             """,
         )
-        self.assertEqual(stdout.split(), ["True", "False", "False"])
+        self.assertEqual(decisions, [True, False, False])
 
 
 @contextlib.contextmanager
@@ -1893,39 +1848,40 @@ class TestGuardSerializationSpellings(GuardSerializationTestCase):
     rejected = ({"x": torch.ones(3)}, {"x": torch.ones(2, dtype=torch.int64)})
 
     def test_save_guards_and_save_alias_save_the_same_bytes(self):
-        alias = build_check_fn_manager(uses_global_scale, (torch.ones(2),), mode="save")
-        upstream = build_check_fn_manager(
-            uses_global_scale, (torch.ones(2),), mode=None, save_guards=True
+        alias = build_check_fn_manager(
+            uses_global_scale,
+            (torch.ones(2),),
+            save_guards=False,
+            guards_serialization_mode="save",
         )
+        upstream = build_check_fn_manager(uses_global_scale, (torch.ones(2),))
         self.assertIsInstance(upstream.ref.guards_state, bytes)
         self.assertEqual(upstream.ref.guards_state, alias.ref.guards_state)
-        plain = build_check_fn_manager(uses_global_scale, (torch.ones(2),), mode=None)
+        plain = build_check_fn_manager(uses_global_scale, (torch.ones(2),), save_guards=False)
         self.assertIsNone(plain.ref.guards_state)
 
-    def test_load_guard_manager_and_load_alias_decide_alike(self):
-        # torch._dynamo.package.load_guard_manager (upstream's loader, which
-        # test_package.py and test_aot_compile.py drive) builds the manager from
-        # the saved OutputGraphGuardsState like this.
-        built = build_check_fn_manager(
-            uses_global_scale, (torch.ones(2),), mode=None, save_guards=True
-        )
+    def test_load_alias_decides_like_load_guard_manager(self):
+        # The seed's spelling, CheckFunctionManager(code, pickle.loads(guards_state)
+        # or the bytes, guards_serialization_mode="load"): the one test of it.
+        # Every other load in these tests is load_guard_manager's (upstream's).
+        built = build_check_fn_manager(uses_global_scale, (torch.ones(2),))
         data = built.ref.guards_state
-        state = pickle.loads(data)
-        upstream = CheckFunctionManager(
-            built.code,
-            state.output_graph,
-            shape_code_parts=state.shape_code_parts,
-            runtime_global_scope=uses_global_scale.__globals__,
-        )
+        upstream = load_built(built)
         for state in (data, pickle.loads(data)):
             alias = CheckFunctionManager(
                 built.code, state, guards_serialization_mode="load"
-            )
+            ).guard_manager
             self.assert_same_decisions(built, alias, self.accepted, self.rejected)
         self.assert_same_decisions(built, upstream, self.accepted, self.rejected)
         with patched_global("SCALE", 4):
-            self.assertFalse(upstream.guard_manager.check(self.accepted[0]))
-            self.assertFalse(alias.guard_manager.check(self.accepted[0]))
+            self.assertFalse(upstream.check(self.accepted[0]))
+            self.assertFalse(alias.check(self.accepted[0]))
+        # What plain pickle.loads returned is read again by the restricted
+        # unpickler (NOTE: [One guard load path]): no class outside the format.
+        state = pickle.loads(data)
+        state.output_graph.values["G['SCALE']"] = Foo()
+        with self.assertRaisesRegex(PackageError, r"refusing to unpickle \w+\.Foo"):
+            CheckFunctionManager(built.code, state, guards_serialization_mode="load")
 
     def test_bad_spellings_are_clear_errors(self):
         built = build_check_fn_manager(plus_one, (torch.ones(2),))
@@ -1936,7 +1892,7 @@ class TestGuardSerializationSpellings(GuardSerializationTestCase):
             CheckFunctionManager(built.code, data, guards_serialization_mode="saev")
         with self.assertRaisesRegex(TypeError, "load_guard_manager"):
             CheckFunctionManager(built.code, data)
-        state = pickle.loads(data)
+        state = load_guards_state(data)
         for args, kwargs in (
             ((data,), {"guards_serialization_mode": "load", "save_guards": True}),
             ((state.output_graph,), {"shape_code_parts": state.shape_code_parts, "save_guards": True}),
@@ -1972,11 +1928,9 @@ class TestVerifySerializedGuards(GuardSerializationTestCase):
     def test_off_by_default(self):
         self.assertFalse(torch._dynamo.config.verify_serialized_guards)
         with self.saved_scale_corrupted():
-            built = build_check_fn_manager(
-                uses_global_scale, (torch.ones(2),), mode=None, save_guards=True
-            )
+            built = build_check_fn_manager(uses_global_scale, (torch.ones(2),))
         self.assertTrue(built.ref.guard_manager.check({"x": torch.ones(2)}))
-        self.assertFalse(load_check_fn_manager(built).guard_manager.check({"x": torch.ones(2)}))
+        self.assertFalse(load_built(built).check({"x": torch.ones(2)}))
 
     @torch._dynamo.config.patch(verify_serialized_guards=True)
     def test_on_it_fails_the_save_of_disagreeing_guards(self):
@@ -1984,13 +1938,9 @@ class TestVerifySerializedGuards(GuardSerializationTestCase):
             PackageError,
             r"serialized guards of uses_global_scale reject the inputs they were built from",
         ):
-            build_check_fn_manager(
-                uses_global_scale, (torch.ones(2),), mode=None, save_guards=True
-            )
-        built = build_check_fn_manager(
-            uses_global_scale, (torch.ones(2),), mode=None, save_guards=True
-        )
-        self.assertTrue(load_check_fn_manager(built).guard_manager.check({"x": torch.ones(2)}))
+            build_check_fn_manager(uses_global_scale, (torch.ones(2),))
+        built = build_check_fn_manager(uses_global_scale, (torch.ones(2),))
+        self.assertTrue(load_built(built).check({"x": torch.ones(2)}))
 
 
 instantiate_parametrized_tests(TestGuardSerialization)
@@ -2211,7 +2161,7 @@ if torch.distributed.is_available():
 
             mesh, x = self.mesh_and_dtensor()
             built = build_check_fn_manager(plus_one, (x,))
-            loaded = load_check_fn_manager(built)
+            loaded = load_built(built)
             # a mesh over the same ranks made by another thread (another rank)
             foreign_mesh = DeviceMesh("cpu", mesh.mesh, _init_backend=False)
             foreign_mesh._thread_id = mesh._thread_id + 1
@@ -2236,7 +2186,7 @@ if torch.distributed.is_available():
 
             mesh, _ = self.mesh_and_dtensor()
             built = build_check_fn_manager(fn, (torch.ones(2), mesh))
-            loaded = load_check_fn_manager(built)
+            loaded = load_built(built)
             self.assert_same_decisions(
                 built,
                 loaded,
@@ -2254,7 +2204,7 @@ if torch.distributed.is_available():
             built = build_check_fn_manager(
                 ScaledByParam.forward, (m, x), guard_types=("TENSOR_MATCH",)
             )
-            loaded = load_check_fn_manager(built)
+            loaded = load_built(built)
             other_m = fully_shard(ScaledByParam(), mesh=mesh)
             unsharded = ScaledByParam()
             self.assert_same_decisions(

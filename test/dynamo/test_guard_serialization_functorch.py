@@ -1,14 +1,15 @@
 # Owner(s): ["module: functorch"]
 """FUNCTORCH_STACK_MATCH and DUAL_LEVEL guards saved and loaded (pytorch#152616).
 
-Protocol (the seed's): keep one guard type with guard_filter_fn, run
-InstructionTranslator directly on an example function to get the OutputGraph and
-the reference CheckFunctionManager (guards_serialization_mode="save"), rebuild a
-manager from ``pickle.loads(guards_state)`` with guards_serialization_mode="load",
-then check both under accepted and rejected functorch stacks and require equal
-decisions. The six cases are where the compiled frame runs: 0. under no layer
-(the function itself uses torch.func), 1. vmap, 2. grad, 3. jvp + vmap,
-4. functionalize, 5. vmap + grad. Order matters: a stack is a sequence of layers.
+Protocol: keep one guard type with guard_filter_fn, run InstructionTranslator
+directly on an example function to get the OutputGraph and the reference
+CheckFunctionManager (save_guards=True), rebuild a guard manager from its
+``guards_state`` with torch._dynamo.package.load_guard_manager (guard_round_trip.py,
+the harness of test_guard_serialization.py), then check both under accepted and
+rejected functorch stacks and require equal decisions. The six cases are where
+the compiled frame runs: 0. under no layer (the function itself uses
+torch.func), 1. vmap, 2. grad, 3. jvp + vmap, 4. functionalize, 5. vmap + grad.
+Order matters: a stack is a sequence of layers.
 
 On 2.7.1 Dynamo compiles a frame that runs inside vmap / grad / jvp only with
 the eager backend (any other backend falls back to eager at once), so the
@@ -17,29 +18,27 @@ example frames are traced with it, as upstream's test does.
 
 import contextlib
 import dataclasses
-import json
-import os
-import pickle
-import subprocess
-import sys
-import tempfile
-import textwrap
 
 import torch
 import torch._dynamo
 import torch._dynamo.test_case
 import torch.autograd.forward_ad as fwAD
 from torch._C._functorch import _func_decrement_nesting, _func_increment_nesting
-from torch._dynamo.guards import CheckFunctionManager
+from torch._dynamo.package import load_guards_state
 from torch._functorch.eager_transforms import (
     grad_increment_nesting,
     jvp_increment_nesting,
 )
 from torch._functorch.vmap import vmap_increment_nesting
-from test_guard_serialization import build_check_fn_manager as _build_check_fn_manager
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
+)
+
+from guard_round_trip import (
+    build_check_fn_manager as _build_check_fn_manager,
+    load_built,
+    save_and_load_in_fresh_processes,
 )
 
 
@@ -70,13 +69,13 @@ def uses_dual_level(x):
 
 
 # ---------------------------------------------------------------------------
-# Building guards the seed's way
+# Building and saving guards
 # ---------------------------------------------------------------------------
 
 
 def build_check_fn_manager(fn, args, guard_filter_fn):
-    """The seed's protocol (test_guard_serialization.build_check_fn_manager), traced
-    here, inside whatever functorch layers are live, with the eager backend."""
+    """guard_round_trip.build_check_fn_manager, traced here, inside whatever
+    functorch layers are live, with the eager backend."""
     return _build_check_fn_manager(
         fn,
         args,
@@ -98,12 +97,6 @@ def keep_local_and_global_state_guards(entries):
     """Drops guards on globals (torch.func internals here), like upstream's
     torch.compiler.skip_guard_on_globals_unsafe."""
     return [not e.is_global for e in entries]
-
-
-def load_check_fn_manager(code, guards_state: bytes) -> CheckFunctionManager:
-    return CheckFunctionManager(
-        code, pickle.loads(guards_state), guards_serialization_mode="load"
-    )
 
 
 # ---------------------------------------------------------------------------
@@ -242,34 +235,12 @@ def save_case(case_name, guard_filter_fn=None):
     return built["built"]
 
 
-def decide_under_stacks(check_fn_manager, stacks, f_locals):
+def decide_under_stacks(guard_manager, stacks, f_locals):
     decisions = {}
     for stack in stacks:
         with functorch_stack(stack):
-            decisions[stack] = check_fn_manager.guard_manager.check(f_locals)
+            decisions[stack] = guard_manager.check(f_locals)
     return decisions
-
-
-def save_and_load_in_fresh_processes(test, save_body: str, load_body: str) -> str:
-    """Runs ``save_body`` in one fresh interpreter and ``load_body`` in another;
-    both see this module as ``t`` and the guards file as ``GUARDS_PATH``. Returns
-    what the loading one printed."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    module = os.path.splitext(os.path.basename(__file__))[0]
-    safe_path = ["-P"] if sys.flags.safe_path else []
-    with tempfile.TemporaryDirectory() as tmp:
-        prelude = (
-            f"import sys\nsys.path.insert(0, {here!r})\nimport {module} as t\n"
-            f"GUARDS_PATH = {os.path.join(tmp, 'guards.bin')!r}\n"
-        )
-        for body in (save_body, load_body):
-            proc = subprocess.run(
-                [sys.executable, *safe_path, "-c", prelude + textwrap.dedent(body)],
-                capture_output=True,
-                text=True,
-            )
-            test.assertEqual(proc.returncode, 0, proc.stderr)
-    return proc.stdout
 
 
 class TestFunctorchStackGuardSerialization(torch._dynamo.test_case.TestCase):
@@ -277,7 +248,7 @@ class TestFunctorchStackGuardSerialization(torch._dynamo.test_case.TestCase):
         self.assertTrue(accepted and rejected, "need accepted and rejected stacks")
         f_locals = {"x": torch.randn(3, 2)}
         for expected, stacks in ((True, accepted), (False, rejected)):
-            ref = decide_under_stacks(built.ref, stacks, f_locals)
+            ref = decide_under_stacks(built.ref.guard_manager, stacks, f_locals)
             got = decide_under_stacks(loaded, stacks, f_locals)
             self.assertEqual(ref, dict.fromkeys(stacks, expected))
             self.assertEqual(got, ref)
@@ -285,9 +256,9 @@ class TestFunctorchStackGuardSerialization(torch._dynamo.test_case.TestCase):
     def check_case(self, case_name):
         case = CASES[case_name]
         built = save_case(case_name)
-        state = pickle.loads(built.ref.guards_state)
+        state = load_guards_state(built.ref.guards_state)
         self.assertEqual(state.output_graph.global_state.functorch_states, case.saved_states)
-        loaded = load_check_fn_manager(built.code, built.ref.guards_state)
+        loaded = load_built(built)
         self.assert_same_decisions(built, loaded, case.accepted, case.rejected)
 
     def test_no_layer(self):
@@ -314,32 +285,29 @@ class TestFunctorchStackGuardSerialization(torch._dynamo.test_case.TestCase):
         case = CASES[case_name]
         built = save_case(case_name)
         with functorch_stack("grad+grad+functionalize"):
-            loaded = load_check_fn_manager(built.code, built.ref.guards_state)
+            loaded = load_built(built)
         self.assert_same_decisions(built, loaded, case.accepted, case.rejected)
 
     @parametrize("case_name", ["vmap", "vmap_grad"])
     def test_cross_process(self, case_name):
         # Saved by one interpreter, loaded and decided by a fresh one.
         case = CASES[case_name]
-        stdout = save_and_load_in_fresh_processes(
-            self,
+        decisions = save_and_load_in_fresh_processes(
+            __file__,
             f"""
-            built = t.save_case({case_name!r})
-            open(GUARDS_PATH, "wb").write(built.ref.guards_state)
+            save(t.save_case({case_name!r}))
             """,
             f"""
-            import json, torch
             case = t.CASES[{case_name!r}]
-            loaded = t.load_check_fn_manager(case.fn.__code__, open(GUARDS_PATH, "rb").read())
             stacks = case.accepted + case.rejected
-            print(json.dumps(t.decide_under_stacks(loaded, stacks, {{"x": torch.ones(2)}})))
+            report(t.decide_under_stacks(load(case.fn), stacks, {{"x": torch.ones(2)}}))
             """,
         )
         expected = {
             **dict.fromkeys(case.accepted, True),
             **dict.fromkeys(case.rejected, False),
         }
-        self.assertEqual(json.loads(stdout), expected)
+        self.assertEqual(decisions, expected)
 
     @parametrize("case_name", ["vmap", "grad", "jvp_vmap", "functionalize", "vmap_grad"])
     def test_tensor_match_on_functorch_wrapped_inputs(self, case_name):
@@ -348,7 +316,7 @@ class TestFunctorchStackGuardSerialization(torch._dynamo.test_case.TestCase):
         # are part of the guard, rebuilt at load outside any layer.
         case = CASES[case_name]
         built = save_case(case_name, keep_only("TENSOR_MATCH"))
-        loaded = load_check_fn_manager(built.code, built.ref.guards_state)
+        loaded = load_built(built)
         not_wrapped = torch.randn(2)
         decisions = {}
 
@@ -361,7 +329,7 @@ class TestFunctorchStackGuardSerialization(torch._dynamo.test_case.TestCase):
             for name, item in f_locals.items():
                 decisions[(tuple(x.shape), name)] = (
                     built.ref.guard_manager.check(item),
-                    loaded.guard_manager.check(item),
+                    loaded.check(item),
                 )
             return case.fn(x)
 
@@ -378,28 +346,26 @@ class TestFunctorchStackGuardSerialization(torch._dynamo.test_case.TestCase):
         # Every guard Dynamo makes for a frame compiled inside vmap(grad(...))
         # (tensor, global state, functorch stack...), loaded by a fresh
         # interpreter and decided there inside and outside the transforms.
-        stdout = save_and_load_in_fresh_processes(
-            self,
+        decisions = save_and_load_in_fresh_processes(
+            __file__,
             """
-            built = t.save_case("vmap_grad", lambda entries: [True] * len(entries))
-            open(GUARDS_PATH, "wb").write(built.ref.guards_state)
+            save(t.save_case("vmap_grad", lambda entries: [True] * len(entries)))
             """,
             """
-            import json, torch
-            loaded = t.load_check_fn_manager(t.summed.__code__, open(GUARDS_PATH, "rb").read())
+            loaded = load(t.summed)
             decisions = []
             def decide(x):
-                decisions.append(loaded.guard_manager.check({"x": x}))
+                decisions.append(loaded.check({"x": x}))
                 return t.summed(x)
             for shape in ((3, 2), (3, 5), (4, 2)):
                 torch.vmap(torch.func.grad(decide))(torch.randn(*shape))
-            decisions.append(loaded.guard_manager.check({"x": torch.randn(2)}))
-            print(json.dumps(decisions))
+            decisions.append(loaded.check({"x": torch.randn(2)}))
+            report(decisions)
             """,
         )
         # batch of 3 x (2,) accepted, (5,) rejected, batch of 4 (not guarded)
         # accepted, outside the transforms rejected
-        self.assertEqual(json.loads(stdout), [True, False, True, False])
+        self.assertEqual(decisions, [True, False, True, False])
 
 
 class TestTransformsInCompiledRegion(torch._dynamo.test_case.TestCase):
@@ -410,7 +376,7 @@ class TestTransformsInCompiledRegion(torch._dynamo.test_case.TestCase):
             for stack, f_locals in items:
                 with functorch_stack(stack):
                     ref = built.ref.guard_manager.check(f_locals)
-                    got = loaded.guard_manager.check(f_locals)
+                    got = loaded.check(f_locals)
                 self.assertEqual(ref, expected, f"reference on {stack!r}")
                 self.assertEqual(got, ref, f"loaded on {stack!r}")
 
@@ -420,7 +386,7 @@ class TestTransformsInCompiledRegion(torch._dynamo.test_case.TestCase):
         fn = globals()[fn_name]
         x = torch.randn(3, 2)
         built = build_check_fn_manager(fn, (x,), keep_only("FUNCTORCH_STACK_MATCH"))
-        loaded = load_check_fn_manager(built.code, built.ref.guards_state)
+        loaded = load_built(built)
         self.assert_same_decisions(
             built,
             loaded,
@@ -444,7 +410,7 @@ class TestTransformsInCompiledRegion(torch._dynamo.test_case.TestCase):
         built = build_check_fn_manager(fn, (x,), keep)
         if kept == "all" and fn_name == "uses_vmap_of_grad":
             self.assertIn(b"grad_and_value_impl.__closure__[0]", built.ref.guards_state)
-        loaded = load_check_fn_manager(built.code, built.ref.guards_state)
+        loaded = load_built(built)
         self.assert_same_decisions(
             built,
             loaded,
@@ -459,17 +425,18 @@ class TestTransformsInCompiledRegion(torch._dynamo.test_case.TestCase):
     def test_dual_level(self):
         x = torch.randn(3)
         built = build_check_fn_manager(uses_dual_level, (x,), keep_only("DUAL_LEVEL"))
-        self.assertEqual(pickle.loads(built.ref.guards_state).output_graph.global_state.dual_level, -1)
-        loaded = load_check_fn_manager(built.code, built.ref.guards_state)
+        state = load_guards_state(built.ref.guards_state)
+        self.assertEqual(state.output_graph.global_state.dual_level, -1)
+        loaded = load_built(built)
         with fwAD.dual_level():
             # Built from the saved level, not the one live at load.
-            loaded_in_dual_level = load_check_fn_manager(built.code, built.ref.guards_state)
+            loaded_in_dual_level = load_built(built)
         for manager in (loaded, loaded_in_dual_level):
             self.assertTrue(built.ref.guard_manager.check({"x": x}))
-            self.assertTrue(manager.guard_manager.check({"x": x}))
+            self.assertTrue(manager.check({"x": x}))
             with fwAD.dual_level():
                 self.assertFalse(built.ref.guard_manager.check({"x": x}))
-                self.assertFalse(manager.guard_manager.check({"x": x}))
+                self.assertFalse(manager.check({"x": x}))
 
 
 instantiate_parametrized_tests(TestFunctorchStackGuardSerialization)
