@@ -578,7 +578,7 @@ def loaded_columns(row: dict) -> list[str]:
 
 def final_decision(row: dict) -> Any:
     """The decision of the guards as a real load makes them: in a fresh process."""
-    for column in ("fresh_pickle", "loaded_pickle"):
+    for column in ("fresh_load_guard_manager", "loaded_load_guard_manager"):
         if column in row:
             return row[column]
     return None
@@ -731,7 +731,7 @@ def case_sort_key(*case_maps):
 
 def first_why(row: dict) -> str:
     why = row.get("why") or {}
-    for column in ("fresh_pickle", "loaded_pickle", "reference"):
+    for column in ("fresh_load_guard_manager", "loaded_load_guard_manager", "reference"):
         if column in why:
             return why[column]
     return ""

@@ -13,16 +13,16 @@ and records each manager's decision (accept / reject) on every input of the
 probe's battery. Where a version refuses to save a probe, the refusal (exception
 type and first message line) is recorded instead.
 
-APIs, found by signature, not by version number:
-
-* torch_overlay (the seed API): ``CheckFunctionManager(code, output_graph,
-  guards_serialization_mode="save")`` then ``CheckFunctionManager(code,
-  pickle.loads(state), guards_serialization_mode="load")``; the bytes themselves
-  (its restricted unpickler) are loaded too, as a second loaded manager;
-* upstream (2.13): ``CheckFunctionManager(code, output_graph, save_guards=True,
-  strict_error=True)`` then ``CheckFunctionManager(code,
-  OutputGraphCommon(state.output_graph), shape_code_parts=...,
-  runtime_global_scope=...)``.
+Every version is driven through the same API, upstream's, by
+test/dynamo/guard_round_trip.py (the harness the guard serialization tests build,
+save and load their guard managers with): ``CheckFunctionManager(code,
+output_graph, save_guards=True)`` (with ``strict_error=True`` where it exists,
+so upstream refuses what it cannot save instead of saving nothing), then
+``torch._dynamo.package.load_guard_manager(load_guards_state(data), code,
+f_globals)``. A version whose CheckFunctionManager takes no ``save_guards``
+(stock 2.7.1) only gets its reference manager. Upstream's package loader
+installs the globals Dynamo put into the frame's module before it builds the
+guards (the overlay's load does it itself), so the runner does that for it.
 
 The loaded managers are built twice: in the saving process ("loaded") and in a
 fresh process that never traced anything ("fresh"), which is how a saved
@@ -37,9 +37,8 @@ A probe's ``keep_guard`` predicate narrows the guards further in both modes
 (what a user would pass as guard_filter_fn, e.g. to leave out TYPE_MATCH on a
 class defined in local scope).
 
-Tracing is test/dynamo/frame_tracing.py's, the harness the guard serialization
-tests build their guard managers with (NOTE: [Tracing a frame as convert_frame
-does] there): the probe is traced as convert_frame traces a frame, and the
+Tracing is test/dynamo/frame_tracing.py's, the tracing under guard_round_trip.py
+(NOTE: [Tracing a frame as convert_frame does] there): the probe is traced as convert_frame traces a frame, and the
 managers are built where convert_frame builds them. Loading is done outside all
 of that (and outside the probe's compile context), as a program loading
 precompiled code would.
@@ -49,11 +48,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import inspect
 import json
 import logging
 import os
-import pickle
 import re
 import subprocess
 import sys
@@ -66,7 +65,8 @@ from typing import Any, Optional
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-# test/dynamo, home of frame_tracing.py (the tracing harness shared with the tests).
+# test/dynamo, home of guard_round_trip.py and frame_tracing.py (the harness
+# shared with the guard serialization tests).
 TEST_DYNAMO = HERE.parents[1] / "test" / "dynamo"
 
 # The guard types 2.13's CheckFunctionManager refuses to serialize
@@ -87,6 +87,10 @@ UPSTREAM_UNSERIALIZABLE = frozenset(
 )
 
 MODES = ("all", "portable")
+
+# The loaded managers' columns are "loaded_<LOADER>" (built in the saving
+# process) and "fresh_<LOADER>" (in a fresh one): the one way they are loaded.
+LOADER = "load_guard_manager"
 
 
 def portable_guard_filter(entries):
@@ -128,14 +132,16 @@ class TorchApi:
         from torch._dynamo.guards import CheckFunctionManager
 
         self.torch = torch
-        self.CheckFunctionManager = CheckFunctionManager
+        self.harness = import_round_trip()
         cfm_params = inspect.signature(CheckFunctionManager.__init__).parameters
-        if "guards_serialization_mode" in cfm_params:
-            self.api = "guards_serialization_mode"
-        elif "save_guards" in cfm_params:
-            self.api = "save_guards"
+        self.api = "save_guards" if "save_guards" in cfm_params else None
+        try:
+            import torch._dynamo.guard_serialization
+        except ImportError:
+            # upstream: its package loader installs Dynamo's globals first
+            self.loader_installs_globals = True
         else:
-            self.api = None
+            self.loader_installs_globals = False
 
     def describe(self) -> dict:
         torch = self.torch
@@ -173,28 +179,17 @@ class TorchApi:
     # -- building -----------------------------------------------------------------
 
     def reference(self, code, output_graph, guard_filter_fn):
-        return self.CheckFunctionManager(
+        return self.harness.new_check_fn_manager(
             code, output_graph, guard_filter_fn=guard_filter_fn
         )
 
     def save(self, code, output_graph, guard_filter_fn) -> tuple[bytes, dict]:
         """The guards_state bytes, and what else the version's package keeps."""
+        manager = self.harness.new_check_fn_manager(
+            code, output_graph, guard_filter_fn=guard_filter_fn, save_guards=True
+        )
         extras: dict[str, Any] = {}
-        if self.api == "guards_serialization_mode":
-            manager = self.CheckFunctionManager(
-                code,
-                output_graph,
-                guard_filter_fn=guard_filter_fn,
-                guards_serialization_mode="save",
-            )
-        else:
-            manager = self.CheckFunctionManager(
-                code,
-                output_graph,
-                guard_filter_fn=guard_filter_fn,
-                save_guards=True,
-                strict_error=True,
-            )
+        if self.loader_installs_globals:
             # 2.13's CompilePackage saves the modules Dynamo aliased into the
             # frame's globals next to the guards and installs them before loading.
             extras["import_sources"] = dict(getattr(output_graph, "import_sources", {}))
@@ -202,56 +197,34 @@ class TorchApi:
             raise RuntimeError("CheckFunctionManager saved no guards_state")
         return manager.guards_state, extras
 
-    def loaders(self, code, data: bytes, runtime_globals: dict, extras: dict) -> dict:
-        """name -> a zero-argument function returning a loaded guard manager."""
-        if self.api == "guards_serialization_mode":
+    def load(self, code, data: bytes, runtime_globals: dict, extras: dict):
+        """The guard manager loaded from ``data``."""
+        if not self.loader_installs_globals:
+            return self.harness.load_guard_manager(data, code, runtime_globals)
 
-            def via_pickle():
-                return self.CheckFunctionManager(
-                    code, pickle.loads(data), guards_serialization_mode="load"
-                ).guard_manager
+        from torch._dynamo.output_graph import get_builtins_dict
+        from torch._dynamo.package import load_guards_state
+        from torch._dynamo.utils import dynamo_timed
+        from torch._guards import compile_context, CompileContext, CompileId
 
-            def via_bytes():
-                return self.CheckFunctionManager(
-                    code, data, guards_serialization_mode="load"
-                ).guard_manager
-
-            return {"pickle": via_pickle, "bytes": via_bytes}
-
-        def upstream():
-            import importlib
-
-            from torch._dynamo.output_graph import get_builtins_dict, OutputGraphCommon
-            from torch._dynamo.utils import dynamo_timed
-            from torch._guards import CompileContext, CompileId, compile_context
-
-            try:
-                from torch._dynamo.package import load_guards_state
-            except ImportError:
-                load_guards_state = pickle.loads
-            # What 2.13's package loader does before it builds the guards: install
-            # the module aliases and the builtins dict Dynamo put into the frame's
-            # globals while tracing (a fresh process lacks them), and build inside
-            # a compile context.
-            for alias, module_name in extras.get("import_sources", {}).items():
-                runtime_globals.setdefault(alias, importlib.import_module(module_name))
-            state = load_guards_state(data)
-            builtins_name = getattr(
-                state.output_graph, "name_of_builtins_dict_key_in_fglobals", None
-            )
-            if builtins_name and builtins_name not in runtime_globals:
-                runtime_globals[builtins_name] = get_builtins_dict(runtime_globals)
-            with compile_context(
-                CompileContext(CompileId(frame_id=0, frame_compile_id=0))
-            ), dynamo_timed("guard_probe_load"):
-                return self.CheckFunctionManager(
-                    code,
-                    OutputGraphCommon(state.output_graph),
-                    shape_code_parts=state.shape_code_parts,
-                    runtime_global_scope=runtime_globals,
-                ).guard_manager
-
-        return {"pickle": upstream}
+        # What 2.13's package loader does before it builds the guards: install
+        # the module aliases and the builtins dict Dynamo put into the frame's
+        # globals while tracing (a fresh process lacks them; the state, read
+        # here for the dict's name, is read again by the load), and build
+        # inside a compile context.
+        for alias, module_name in extras.get("import_sources", {}).items():
+            runtime_globals.setdefault(alias, importlib.import_module(module_name))
+        builtins_name = getattr(
+            load_guards_state(data).output_graph,
+            "name_of_builtins_dict_key_in_fglobals",
+            None,
+        )
+        if builtins_name and builtins_name not in runtime_globals:
+            runtime_globals[builtins_name] = get_builtins_dict(runtime_globals)
+        with compile_context(
+            CompileContext(CompileId(frame_id=0, frame_compile_id=0))
+        ), dynamo_timed("guard_probe_load"):
+            return self.harness.load_guard_manager(data, code, runtime_globals)
 
 
 class TraceError(Exception):
@@ -265,6 +238,14 @@ def import_frame_tracing():
     import frame_tracing
 
     return frame_tracing
+
+
+def import_round_trip():
+    """test/dynamo/guard_round_trip.py, imported inside the environment under test."""
+    import_frame_tracing()
+    import guard_round_trip
+
+    return guard_round_trip
 
 
 # ---------------------------------------------------------------------------
@@ -301,16 +282,13 @@ def optional_context(factory):
 def guard_types_of(output_graph) -> tuple[list[str], list[str], list[str]]:
     """Guard types created, derived guard types, and the identity guards
     ("TYPE on source") of a traced frame."""
-    import functools
-
+    guard_type_name = import_round_trip().guard_type_name
     created, derived, identity = set(), set(), set()
     for guard in output_graph.guards:
-        create_fn = guard.create_fn
-        while isinstance(create_fn, functools.partial):
-            create_fn = create_fn.func
-        created.add(create_fn.__name__)
+        own_type = guard_type_name(guard)
+        created.add(own_type)
         derived.update(guard.guard_types or ())
-        for guard_type in {create_fn.__name__, *(guard.guard_types or ())}:
+        for guard_type in {own_type, *(guard.guard_types or ())}:
             if guard_type in UPSTREAM_UNSERIALIZABLE:
                 identity.add(f"{guard_type} on {guard.name or '<global>'}")
     return sorted(created), sorted(derived - created), sorted(identity)
@@ -452,15 +430,14 @@ def run_case_save(api: TorchApi, probe, mode: str, blob_path: Path) -> dict:
 
 
 def build_loaded(api: TorchApi, probe, data: bytes, extras: dict) -> tuple[dict, dict]:
+    """{LOADER: the loaded guard manager}, or {LOADER: why it could not be loaded}."""
     managers, errors = {}, {}
-    code = probe.fn.__code__
     with probe_config(api, probe):
-        for name, load in api.loaders(code, data, probe.fn.__globals__, extras).items():
-            try:
-                managers[name] = load()
-            except Exception as e:
-                errors[name] = describe_exception(e)
-                errors[name]["traceback"] = traceback.format_exc()[-3000:]
+        try:
+            managers[LOADER] = api.load(probe.fn.__code__, data, probe.fn.__globals__, extras)
+        except Exception as e:
+            errors[LOADER] = describe_exception(e)
+            errors[LOADER]["traceback"] = traceback.format_exc()[-3000:]
     return managers, errors
 
 
