@@ -9,8 +9,6 @@ writes for the same interpreter stack (exact-text expectations below).
 
 import contextlib
 import pickle
-import subprocess
-import sys
 import textwrap
 
 import torch
@@ -32,6 +30,7 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
 )
+from torch.testing._internal.fresh_process import run_code
 
 
 @contextlib.contextmanager
@@ -279,35 +278,29 @@ class TestCInterpreterSerialization(torch._dynamo.test_case.TestCase):
             CInterpreter.deserialize(text)
 
     def test_present_right_after_import_torch(self):
-        # A fresh interpreter that imports nothing private: the methods are
-        # there, as upstream binds them in torch._C.
-        script = textwrap.dedent(
-            """
-            import sys
-            import torch
-            from torch._C._functorch import CInterpreter
-            print(hasattr(CInterpreter, "serialize"), hasattr(CInterpreter, "deserialize"))
-            torch._C._functorch._vmap_increment_nesting(4, "same")
-            try:
-                text = torch._C._functorch.peek_interpreter_stack().serialize()
-            finally:
-                torch._C._functorch._vmap_decrement_nesting()
-            restored = CInterpreter.deserialize(text)
-            print(restored.key(), restored.level(), restored.serialize() == text)
-            """
+        # A fresh interpreter that imports nothing private before it looks: the
+        # methods are there, as upstream binds them in torch._C.
+        report = run_code(
+            textwrap.dedent(
+                """
+                import torch
+                from torch._C._functorch import CInterpreter
+                present = [hasattr(CInterpreter, "serialize"), hasattr(CInterpreter, "deserialize")]
+                torch._C._functorch._vmap_increment_nesting(4, "same")
+                try:
+                    text = torch._C._functorch.peek_interpreter_stack().serialize()
+                finally:
+                    torch._C._functorch._vmap_decrement_nesting()
+                restored = CInterpreter.deserialize(text)
+
+                from torch.testing._internal.fresh_process import write_report
+                write_report(
+                    [*present, str(restored.key()), restored.level(), restored.serialize() == text]
+                )
+                """
+            )
         )
-        safe_path = ["-P"] if sys.flags.safe_path else []
-        proc = subprocess.run(
-            [sys.executable, *safe_path, "-c", script], capture_output=True, text=True
-        )
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertExpectedInline(
-            proc.stdout,
-            """\
-True True
-TransformType.Vmap 1 True
-""",
-        )
+        self.assertEqual(report, [True, True, "TransformType.Vmap", 1, True])
 
 
 class TestPythonInterpreterPickling(torch._dynamo.test_case.TestCase):
