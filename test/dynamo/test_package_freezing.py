@@ -12,11 +12,7 @@ cannot be packaged is refused at save with a warning naming why; an
 aot_compile'd frozen forward loads or is refused at load, never wrong.
 """
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -26,12 +22,14 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
 )
+from torch.testing._internal.fresh_process import run_code
 
 
 FREEZING_RUNNER = r'''
 import io, json, logging, os, sys, warnings
 import torch
 import torch._inductor.config as inductor_config
+from torch.testing._internal.fresh_process import write_report
 
 CASES = {CASES}
 
@@ -173,7 +171,7 @@ for name, case in CASES.items():
                 got["error"] = f"{type(e).__name__}: {e}"[:600]
         got["traced_graphs"] = counters["stats"]["unique_graphs"]
     report[name] = got
-print("REPORT" + json.dumps(report))
+write_report(report)
 '''
 
 # Frozen the way CPU inference sets it, with default options: Inductor's
@@ -264,17 +262,8 @@ class TestPackageFreezing(torch._dynamo.test_case.TestCase):
         source = FREEZING_RUNNER.replace("{CASES}", repr(cases))
         reports = {}
         for mode in modes:
-            proc = subprocess.run(
-                [sys.executable, "-c", source, mode, str(where)],
-                capture_output=True,
-                text=True,
-                env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(dir=where)},
-                cwd=where,
-            )
-            lines = [l for l in proc.stdout.splitlines() if l.startswith("REPORT")]
-            if proc.returncode != 0 or not lines:
-                self.fail(f"{mode} process failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-            reports[mode] = json.loads(lines[-1][len("REPORT") :])
+            # Each process has an empty inductor cache of its own.
+            reports[mode] = run_code(source, mode, where, cwd=where, fresh_inductor_cache=True)
         TestPackageFreezing.reports[key] = reports
         return reports
 

@@ -32,7 +32,6 @@ import os
 import pickle
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -42,6 +41,7 @@ from typing import Optional
 import torch
 import torch._dynamo.test_case
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
+from torch.testing._internal.fresh_process import run_code, start_code
 
 
 CASES_PER_MODE = int(os.environ.get("FUZZ_CASES", "120"))
@@ -63,6 +63,7 @@ def g(x):
 SAVE = """
 import sys
 import torch
+from torch.testing._internal.fresh_process import write_report
 
 out, key = sys.argv[1], sys.argv[2]
 sys.path.insert(0, out)
@@ -81,11 +82,13 @@ for suffix, signing_key in (("", None), ("_signed", key)):
         with torch._dynamo.config.patch(enable_aot_compile=True):
             fn = torch.compile(fuzz_model.f, fullgraph=True, backend="eager").aot_compile(((x, x), {}))
             fn.save_compiled_function(f"{out}/aot{suffix}.pt")
-print("SAVED")
+write_report("saved")
 """
 
-# Loads the cases listed in a JSON file, from index argv[3] on; one line per
-# case, flushed, so that a crash is attributed to the case that caused it.
+# Loads the cases listed in a JSON file, from index argv[3] on. Its report is
+# written again before and after each case (the report file is replaced
+# atomically), so that a crash is attributed to the case that caused it and the
+# outcomes before it are kept.
 LOADER = """
 import gc
 import glob
@@ -96,6 +99,7 @@ import signal
 import sys
 import tempfile
 import torch
+from torch.testing._internal.fresh_process import write_report
 
 out, cases_file, first = sys.argv[1], sys.argv[2], int(sys.argv[3])
 sys.path.insert(0, out)
@@ -117,9 +121,11 @@ def on_alarm(signum, frame):
 
 signal.signal(signal.SIGALRM, on_alarm)
 kernel_copies = os.path.join(tempfile.gettempdir(), "torch_package_kernels_*")
+report = {"started": None, "cases": []}
 for i in range(first, len(cases)):
     case = cases[i]
-    print(f"START {i}", flush=True)
+    report["started"] = i
+    write_report(report)
     before = set(glob.glob(kernel_copies))
     torch._dynamo.reset()
     signal.alarm(case["timeout"])
@@ -158,7 +164,8 @@ for i in range(first, len(cases)):
             outcome = {"outcome": "leftover_temp_dir", "was": outcome}
             for leftover in leftovers:
                 shutil.rmtree(leftover, ignore_errors=True)
-    print("CASE " + json.dumps({"index": i, **outcome}), flush=True)
+    report["cases"].append({"index": i, **outcome})
+    write_report(report)
 """
 
 ALLOWED = {"ok", "package_error", "recompile_refused"}
@@ -471,14 +478,13 @@ class PackageFuzzTests(torch._dynamo.test_case.TestCase):
         cls.root = Path(tempfile.mkdtemp(prefix="package-fuzz-"))
         cls.key, cls.public = _write_keys(cls.root)
         (cls.root / "fuzz_model.py").write_text(MODEL)
-        proc = subprocess.run(
-            [sys.executable, "-c", SAVE, str(cls.root), cls.key],
-            capture_output=True,
-            text=True,
+        run_code(
+            SAVE,
+            cls.root,
+            cls.key,
             cwd=cls.root,
-            env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cls.root / "save-cache")},
+            env={"TORCHINDUCTOR_CACHE_DIR": str(cls.root / "save-cache")},
         )
-        assert "SAVED" in proc.stdout, proc.stderr[-4000:]
 
     @classmethod
     def tearDownClass(cls):
@@ -519,29 +525,33 @@ class PackageFuzzTests(torch._dynamo.test_case.TestCase):
         first = 0
         # The loader's own temp dir: a load must leave nothing in it.
         (work / "tmp").mkdir(exist_ok=True)
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(work / "empty-cache"), "TMPDIR": str(work / "tmp")}
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(work / "empty-cache"), "TMPDIR": str(work / "tmp")}
         while first < len(cases):
-            proc = subprocess.run(
-                [sys.executable, "-c", LOADER, str(self.root), str(cases_file), str(first)],
-                capture_output=True,
-                text=True,
+            # A crash is an outcome here (the loader restarts after the case that
+            # caused it); a loader that hangs past all its cases' alarms is not.
+            done = start_code(
+                LOADER,
+                self.root,
+                cases_file,
+                str(first),
                 cwd=work,
                 env=env,
                 timeout=CASE_TIMEOUT_S * (len(cases) - first) + 120,
-            )
-            started = None
-            for line in proc.stdout.splitlines():
-                if line.startswith("START "):
-                    started = int(line.split()[1])
-                elif line.startswith("CASE "):
-                    report = json.loads(line[5:])
-                    results[report["index"]] = report
-            if proc.returncode == 0:
+            ).finish()
+            if done.timed_out:
+                raise AssertionError(done.describe())
+            report = done.report or {"started": None, "cases": []}
+            for case_report in report["cases"]:
+                results[case_report["index"]] = case_report
+            if done.returncode == 0:
+                if not done.reported:
+                    raise AssertionError("the loader wrote no report\n" + done.describe())
                 break
             # The loader died in case `started`: a crash.
+            started = report["started"]
             crashed = started if started is not None else first
-            results[crashed] = {"index": crashed, "outcome": "crash", "type": f"exit {proc.returncode}",
-                                "message": proc.stderr[-300:]}
+            results[crashed] = {"index": crashed, "outcome": "crash", "type": f"exit {done.returncode}",
+                                "message": done.stderr[-300:]}
             first = crashed + 1
         return results
 
