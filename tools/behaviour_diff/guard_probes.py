@@ -5,8 +5,9 @@ built for it are then checked against a battery of inputs, some of which the
 guards must accept and some they must reject. The runner
 (``guard_probe_runner.py``) computes, for every probe and input, the decision of
 the reference guard manager and of the one rebuilt after save -> pickle -> load,
-in torch 2.7.1 + torch_overlay (``guards_serialization_mode``) and in upstream
-torch (``save_guards=True``), and ``diff_upstream.py`` compares them.
+in torch 2.7.1 + torch_overlay and in upstream torch, both through upstream's API
+(``save_guards=True``, ``load_guards_state`` + ``load_guard_manager``: the tests'
+harness, test/dynamo/guard_round_trip.py), and ``diff_upstream.py`` compares them.
 
 This module must import on every torch the runner runs on (2.7.1 and 2.13), and
 is imported under the stable name ``guard_probes`` in both the saving and the
