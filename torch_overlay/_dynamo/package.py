@@ -49,13 +49,11 @@ from .package_artifacts import (
     _DYNAMO_FILE,
     _environment,
     _GraphRecord,
-    _PackagedInductorGraph,
     _KernelRedirect,
     _module_path,
     _sha256,
-    _trust_recorded_vec_isa,
     _write_atomically,
-    capturing_frozen_graph,
+    _FrozenCapture,
     check_frozen_parameters,
     check_manifest,
     deserialize_graph,
@@ -427,34 +425,39 @@ def _all_names(code: types.CodeType) -> set[str]:
 # ---------------------------------------------------------------------------
 
 
-class _AOTCacheListener:
-    """Learns which AOTAutograd cache entry holds a packaged graph's artifacts."""
+class _AOTCompileListener:
+    """What AOTAutograd produced for one packaged graph's compile: its cache key
+    and entry, and for a frozen graph what freezing built (NOTE: [Frozen graphs
+    in packages]). Installed for that compile only (NOTE: [AOTAutograd compile
+    listeners] in torch/_functorch/_aot_autograd/autograd_cache.py)."""
 
-    def __init__(self) -> None:
-        self.by_key: dict[str, list[_GraphRecord]] = {}
-        self.active: Optional[_GraphRecord] = None
+    def __init__(self, record: _GraphRecord) -> None:
+        self.record = record
 
     def on_cache_key(self, key, gm, aot_config) -> None:
-        record = self.active
-        if record is None or key is None:
+        if key is None:
             return
-        record.aot_cache_key = key
-        record.aot_config = _aot_config_fields(aot_config)
-        self.by_key.setdefault(key, []).append(record)
+        self.record.aot_cache_key = key
+        self.record.aot_config = _aot_config_fields(aot_config)
 
     def on_cache_entry(self, key, entry) -> None:
-        for record in self.by_key.get(key, ()):
-            record.aot_entry = entry
+        if key == self.record.aot_cache_key:
+            self.record.aot_entry = entry
 
+    def on_inference_compiled(self, compiled) -> None:
+        capture = self.record.frozen
+        if capture is None:
+            return
+        from torch._inductor import config as inductor_config
 
-_aot_listener = _AOTCacheListener()
-
-
-def _install_aot_listener() -> None:
-    from torch._functorch._aot_autograd import autograd_cache
-
-    if _aot_listener not in autograd_cache._cache_event_listeners:
-        autograd_cache._cache_event_listeners.append(_aot_listener)
+        capture.aot_config = compiled.aot_config
+        capture.dispatch_wrappers = compiled.dispatch_wrappers
+        capture.maybe_subclass_meta = compiled.maybe_subclass_meta
+        capture.fw_metadata = compiled.fw_metadata
+        # freeze() folded the constants into this very graph module.
+        capture.frozen_gm = compiled.fw_module
+        capture.freezing_wrapper = compiled.compiled_fw
+        capture.weight_prepack = bool(inductor_config.cpp.weight_prepack)
 
 
 # NOTE: [Compile options in packages]
@@ -570,16 +573,14 @@ class RecordingBackend:
         )
         record.frozen_under_no_grad = record.freezing and not torch.is_grad_enabled()
         if self.kind == "inductor":
-            _install_aot_listener()
-            previous, _aot_listener.active = _aot_listener.active, record
-            try:
-                # The package saves both graphs: compile the backward now.
-                with torch._functorch.config.patch(
-                    force_non_lazy_backward_lowering=True, **_autograd_cache_default()
-                ), _frozen_compile(record):
-                    compiled = self.backend(gm, example_inputs, **kwargs)
-            finally:
-                _aot_listener.active = previous
+            from torch._functorch._aot_autograd.autograd_cache import compile_listener
+
+            # The package saves both graphs: compile the backward now (its
+            # cache entry is reported while the listener is installed).
+            with torch._functorch.config.patch(
+                force_non_lazy_backward_lowering=True, **_autograd_cache_default()
+            ), _frozen_compile(record), compile_listener(_AOTCompileListener(record)):
+                compiled = self.backend(gm, example_inputs, **kwargs)
             if record.frozen is not None:
                 record.frozen.param_sources = {
                     name: source.name()
@@ -634,7 +635,9 @@ def _frozen_compile(record: _GraphRecord):
             "cpp.weight_prepack off (MKLDNN-packed weights cannot be saved)"
         )
         prepack_off = inductor_config.patch({"cpp.weight_prepack": False})
-    with prepack_off, capturing_frozen_graph(record):
+    # Filled by the compile's _AOTCompileListener.
+    record.frozen = _FrozenCapture()
+    with prepack_off:
         yield
 
 
@@ -1644,8 +1647,6 @@ class CompilePackage:
             # Kernels load when a graph first runs; the copies go with the last
             # graph that may load them, or at exit.
             weakref.finalize(redirect, shutil.rmtree, str(kernel_dir), True)
-        if kernel_paths or any(isinstance(g, _PackagedInductorGraph) for g in graphs.values()):
-            _trust_recorded_vec_isa()
         unpickled = time.perf_counter()
         self._loaded_devices |= set(manifest.get("device", "cpu").split(","))
         self._loaded_frozen = self._loaded_frozen or bool(manifest.get("frozen"))

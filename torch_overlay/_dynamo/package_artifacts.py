@@ -458,7 +458,7 @@ class _GraphRecord:
     freezing: bool = False
     frozen_under_no_grad: bool = False
     # What the compile of a frozen graph left behind (NOTE: [Frozen graphs in
-    # packages]); filled by capturing_frozen_graph.
+    # packages]); filled by package.py's _AOTCompileListener.
     frozen: Optional[_FrozenCapture] = None
 
 
@@ -794,8 +794,9 @@ def _inductor_artifact(record: _GraphRecord, payload: dict) -> bytes:
 # bypasses every graph compiled with freezing on, and its FX graph cache
 # stores a frozen graph's constants by NAME only (taking the values from the
 # graph module at load), so neither cache holds what a package needs. While
-# the backend compiles a graph with freezing on, capturing_frozen_graph
-# records what AOTAutograd and the freezing compiler built (AOTAutograd's
+# the backend compiles a graph with freezing on, the package's AOTAutograd
+# compile listener (NOTE: [AOTAutograd compile listeners]) records what
+# AOTAutograd and the freezing compiler built (AOTAutograd's
 # config, dispatch wrappers and runtime metadata, the frozen graph module and
 # the freezing wrapper); the package then saves an AOTAutograd inference
 # entry, written the way aot_dispatch_base would write one, whose forward is
@@ -863,54 +864,6 @@ class _FrozenCapture:
     param_sources: dict = dataclasses.field(default_factory=dict)
     # Inductor's cpp.weight_prepack while the freezing compiler ran.
     weight_prepack: bool = False
-
-
-@contextlib.contextmanager
-def capturing_frozen_graph(record: _GraphRecord):
-    """While Inductor compiles ``record``'s graph, record what freezing built.
-
-    2.7.1 offers no hook there: the three functions below are looked up as
-    module globals at each compile, so they are wrapped for the duration of
-    this one (Dynamo compiles one frame at a time)."""
-    from torch._functorch._aot_autograd import jit_compile_runtime_wrappers as dispatch
-    from torch._inductor import compile_fx
-
-    capture = record.frozen = _FrozenCapture()
-    create_wrappers = dispatch._create_wrappers_for_dispatch
-    base_graph = dispatch.aot_dispatch_base_graph
-    freezing_compiler = compile_fx.fw_compiler_freezing
-
-    def recording_create_wrappers(needs_autograd):
-        wrappers = create_wrappers(needs_autograd)
-        capture.dispatch_wrappers = wrappers
-        return wrappers
-
-    def recording_base_graph(flat_fn, flat_args, aot_config, *args, **kwargs):
-        result = base_graph(flat_fn, flat_args, aot_config, *args, **kwargs)
-        capture.aot_config = aot_config
-        capture.maybe_subclass_meta = result[2]
-        return result
-
-    def recording_freezing_compiler(aot_autograd_model, *args, **kwargs):
-        from torch._inductor import config as inductor_config
-
-        capture.fw_metadata = torch._guards.TracingContext.get().fw_metadata
-        capture.weight_prepack = bool(inductor_config.cpp.weight_prepack)
-        wrapper = freezing_compiler(aot_autograd_model, *args, **kwargs)
-        # freeze() folds the constants into this very graph module.
-        capture.frozen_gm = aot_autograd_model
-        capture.freezing_wrapper = wrapper
-        return wrapper
-
-    dispatch._create_wrappers_for_dispatch = recording_create_wrappers
-    dispatch.aot_dispatch_base_graph = recording_base_graph
-    compile_fx.fw_compiler_freezing = recording_freezing_compiler
-    try:
-        yield capture
-    finally:
-        dispatch._create_wrappers_for_dispatch = create_wrappers
-        dispatch.aot_dispatch_base_graph = base_graph
-        compile_fx.fw_compiler_freezing = freezing_compiler
 
 
 def _freezing_wrapper_state(wrapper) -> dict[str, Any]:
@@ -1104,65 +1057,63 @@ def check_frozen_parameters(graph, module: Optional[torch.nn.Module], name: str)
 
 
 class _KernelRedirect:
-    """While active, CPU kernels found in ``binaries`` load from there, not gcc."""
+    """The packaged CPU kernels a graph loads instead of compiling them."""
 
     def __init__(self, kernel_paths: dict[str, str]) -> None:
         self.kernel_paths = kernel_paths
 
+    def lookup(self, code_cache: type, argtypes: list[str], source_code: str) -> Optional[str]:
+        """Inductor's prebuilt-kernel lookup (NOTE: [Prebuilt CPU kernels] in
+        torch/_inductor/codecache.py): the packaged library of a kernel."""
+        from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+        path = self.kernel_paths.get(kernel_hash(argtypes, source_code))
+        if path is None and code_cache is not CppPythonBindingsCodeCache:
+            # cpp_wrapper: the graph's C++ wrapper module (CppWrapperCodeCache)
+            # is built again at load, as documented; kernels never are.
+            log.info("package: building a cpp_wrapper graph's C++ wrapper module")
+            return None
+        if path is None:
+            # A packaged graph only runs the kernels its package verified
+            # (deserialize_graph checks the list at load); never gcc.
+            raise PackageError(
+                f"packaged graph needs kernel {kernel_hash(argtypes, source_code)}, "
+                "which its package does not hold"
+            )
+        return path
+
     @contextlib.contextmanager
-    def active(self):
-        from torch._inductor import codecache
+    def active(self, vec_isa: Optional[str]):
+        """While a packaged graph loads: its kernels come from the package, and
+        the vector ISA they were built for (``vec_isa``, recorded at save; the
+        manifest check compared the CPU) is taken without Inductor's probe.
+        Both hooks hold for this block and this thread only."""
         from torch._inductor import config as inductor_config
+        from torch._inductor.codecache import prebuilt_cpp_kernels
+        from torch._inductor.cpu_vec_isa import recorded_vec_isa
 
-        cls = codecache.CppPythonBindingsCodeCache
-        original = cls.__dict__["load_pybinding_async"]
-        paths = self.kernel_paths
-
-        def load_pybinding_async(klass, argtypes, source_code, *args, **kwargs):
-            path = paths.get(kernel_hash(argtypes, source_code))
-            if path is None and klass is not cls:
-                # cpp_wrapper: the graph's C++ wrapper module (CppWrapperCodeCache)
-                # is built again at load, as documented; kernels never are.
-                log.info("package: building a cpp_wrapper graph's C++ wrapper module")
-                return original.__func__(klass, argtypes, source_code, *args, **kwargs)
-            if path is None:
-                # A packaged graph only runs the kernels its package verified
-                # (deserialize_graph checks the list at load); never gcc.
-                raise PackageError(
-                    f"packaged graph needs kernel {kernel_hash(argtypes, source_code)}, "
-                    "which its package does not hold"
-                )
-            key = "overlay_pkg_" + os.path.basename(path)[: -len(".so")]
-
-            def load():
-                return getattr(klass._load_library(path, key), klass.entry_function)
-
-            return load
-
-        cls.load_pybinding_async = classmethod(load_pybinding_async)  # type: ignore[method-assign,assignment]
-        try:
+        with prebuilt_cpp_kernels(self.lookup), recorded_vec_isa(vec_isa):
             with inductor_config.patch(compile_threads=1):
                 yield
-        finally:
-            cls.load_pybinding_async = original  # type: ignore[method-assign]
 
 
-def _graph_from_blob(blob: bytes, constants, example_inputs, fx_config, extern_kernel_refs, redirect):
+def _graph_from_blob(blob: bytes, constants, example_inputs, fx_config, extern_kernel_refs, redirect, vec_isa):
     """A packaged CompiledFxGraph made runnable: unpickled, its extern kernels
-    registered, its kernels loaded from the package (redirect), post-compiled."""
+    registered, its kernels loaded from the package (redirect, for the vector
+    ISA ``vec_isa`` they were built for), post-compiled."""
     from torch._inductor.output_code import CompiledFxGraph
 
     graph = load_graph_pickle(blob, "compiled graph")
     if not isinstance(graph, CompiledFxGraph):
         raise PackageError(f"packaged compiled graph is a {type(graph).__name__}, not a CompiledFxGraph")
     _register_extern_kernels(extern_kernel_refs)
-    with redirect.active():
+    with redirect.active(vec_isa):
         graph.after_deserialization(constants)
     graph.post_compile(example_inputs, fx_config["cudagraphs"], constants)
     return graph
 
 
-def _frozen_loadable(original, blob: bytes, frozen: dict, extern_kernel_refs, redirect):
+def _frozen_loadable(original, blob: bytes, frozen: dict, extern_kernel_refs, redirect, vec_isa):
     """The forward of a frozen graph's entry: its CompiledFxGraph with the saved
     constants, behind the kept-argument wrapper (NOTE: [Frozen graphs in packages])."""
     from torch._functorch._aot_autograd.autograd_cache import CompiledForward
@@ -1175,7 +1126,7 @@ def _frozen_loadable(original, blob: bytes, frozen: dict, extern_kernel_refs, re
     class _EmbeddedFrozen(CompiledForward):
         def load(self, example_inputs, fx_config):
             graph = _graph_from_blob(
-                blob, _SavedConstants(), example_inputs, fx_config, extern_kernel_refs, redirect
+                blob, _SavedConstants(), example_inputs, fx_config, extern_kernel_refs, redirect, vec_isa
             )
             return _FrozenForward(
                 graph,
@@ -1206,6 +1157,7 @@ class _PackagedInductorGraph:
         entry = pickle.loads(self.payload["entry"])
         redirect = self.redirect
         extern_kernel_refs = self.payload.get("extern_kernels", {})
+        vec_isa = self.payload.get("vec_isa")
 
         def loadable(base, original, blob):
             class _Embedded(base):  # type: ignore[valid-type,misc]
@@ -1217,6 +1169,7 @@ class _PackagedInductorGraph:
                         fx_config,
                         extern_kernel_refs,
                         redirect,
+                        vec_isa,
                     )
 
             fields = {f.name: getattr(original, f.name) for f in dataclasses.fields(base)}
@@ -1225,7 +1178,7 @@ class _PackagedInductorGraph:
         frozen = self.payload.get("frozen")
         if frozen is not None:
             entry.compiled_fw = _frozen_loadable(
-                entry.compiled_fw, self.payload["fw_graph"], frozen, extern_kernel_refs, redirect
+                entry.compiled_fw, self.payload["fw_graph"], frozen, extern_kernel_refs, redirect, vec_isa
             )
         else:
             entry.compiled_fw = loadable(CompiledForward, entry.compiled_fw, self.payload["fw_graph"])
@@ -1545,18 +1498,9 @@ def redirect_to_kernel_binaries(kernels: dict[str, bytes], prefix: str) -> _Kern
             raise PackageError(f"kernel name {str(digest)[:80]!r} is not a kernel hash")
         (kernel_dir / f"{digest}.so").write_bytes(blob)
         kernel_paths[digest] = str(kernel_dir / f"{digest}.so")
-    _trust_recorded_vec_isa()
     redirect = _KernelRedirect(kernel_paths)
     weakref.finalize(redirect, shutil.rmtree, str(kernel_dir), True)
     return redirect
-
-
-def _trust_recorded_vec_isa() -> None:
-    """Skip Inductor's compile-and-run CPU probe: the package recorded the ISA its
-    kernels were built for, and the CPU capability was checked in the manifest."""
-    import torch._inductor.config as inductor_config
-
-    inductor_config.cpp.vec_isa_ok = True
 
 
 # ---------------------------------------------------------------------------
