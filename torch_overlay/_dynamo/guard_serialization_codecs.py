@@ -298,8 +298,17 @@ class _Hydrator:
 # ---------------------------------------------------------------------------
 
 # NOTE: [Stand-in codecs]
-# Each kind of recorded value has one codec, a class with three static methods:
-#   * ``accepts(obj, guarded)``: whether ``obj`` is of its kind (at save);
+# Each kind of recorded value has one codec, a class that says once which
+# values are of its kind, and holds its save and load sides:
+#   * ``value_types``: the types whose instances (subclasses' too) are of its
+#     kind; ``exact_types``: those whose instances are, but not their
+#     subclasses' (an instance of a dict or tuple subclass is an object of its
+#     own class). A kind that is no tuple of types (an enum, a class known by
+#     its name) overrides ``handles_type(value_type)`` instead. Whether the
+#     codec takes ``obj`` at save, ``accepts(obj, guarded)``, follows from
+#     ``type(obj)``; a codec that asks more (``guarded``, or the value itself)
+#     overrides ``accepts`` and is then asked about each value of its types
+#     (see NOTE: [Codec dispatch by type]);
 #   * ``save(converter, obj, path, guarded)``: the stand-in (it converts what
 #     ``obj`` holds through ``converter``), or _DECLINED to let a later codec
 #     take it;
@@ -312,7 +321,7 @@ class _Hydrator:
 # A stand-in no codec loads (a constant, a ``range``) loads as itself. A codec
 # that is only reached through another (a local class, a function with no
 # stable name, a wrapper tensor subclass, a frozen dataclass used as a key)
-# accepts nothing itself.
+# declares no types: it accepts nothing itself.
 
 
 class StandInCodec:
@@ -320,17 +329,36 @@ class StandInCodec:
 
     # The pickled types this codec loads.
     stand_ins: tuple[type, ...] = ()
+    # The types of the values it saves (see NOTE: [Stand-in codecs]).
+    value_types: tuple[type, ...] = ()
+    exact_types: tuple[type, ...] = ()
+    # Whether ``accepts`` asks more than a value's type: set for each codec
+    # from whether it overrides ``accepts`` (so ``accepts_type`` cannot answer
+    # for a value-dependent test by type).
+    asks_each_value = False
 
-    @staticmethod
-    def accepts(obj, guarded: bool) -> bool:
-        return False
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.asks_each_value = cls.asks_each_value or "accepts" in vars(cls)
 
-    @staticmethod
-    def accepts_type(cls: type) -> Optional[bool]:
-        """Whether ``accepts`` takes every object of type ``cls`` (True), none
-        (False), or it depends on more than the type (None, the default); see
-        NOTE: [Codec dispatch by type]."""
-        return None
+    @classmethod
+    def handles_type(cls, value_type: type) -> bool:
+        """Whether values of type ``value_type`` are of this codec's kind."""
+        return value_type in cls.exact_types or issubclass(value_type, cls.value_types)
+
+    @classmethod
+    def accepts(cls, obj, guarded: bool) -> bool:
+        """Whether this codec saves ``obj`` (``guarded``: a guard reads it)."""
+        return cls.handles_type(type(obj))
+
+    @classmethod
+    def accepts_type(cls, value_type: type) -> Optional[bool]:
+        """Whether ``accepts`` takes every object of type ``value_type`` (True),
+        none (False), or it depends on more than the type (None); see NOTE:
+        [Codec dispatch by type]."""
+        if not cls.handles_type(value_type):
+            return False
+        return None if cls.asks_each_value else True
 
     @staticmethod
     def save(converter: _StandInConverter, obj, path: str, guarded: bool) -> Any:
@@ -348,11 +376,14 @@ _LOAD_CODECS: dict[type, type[StandInCodec]] = {}
 # NOTE: [Codec dispatch by type]
 # Saving converts every recorded value, and most of them reach one of the last
 # codecs (a module is an _ObjectCodec value), so asking each codec in turn costs
-# more than the conversion itself. A codec whose ``accepts`` depends only on the
-# object's type says so in ``accepts_type``; the codecs to ask about an object of
-# a type are worked out once per type: those that take none of its objects are
-# left out, those that take all of them are not asked again. The order and what
-# is asked of the others are unchanged, so the dispatch decides exactly as
+# more than the conversion itself. What a codec's ``accepts`` makes of a type is
+# ``accepts_type``, which follows from the types the codec declares: it takes
+# none of the type's objects (a type not of its kind), all of them, or it
+# depends on each object (a codec that overrides ``accepts``; _NamedCodec, which
+# takes one dict by identity, says so itself). The codecs to ask about an object
+# of a type are worked out once per type: those that take none of its objects
+# are left out, those that take all of them are not asked again. The order and
+# what is asked of the others are unchanged, so the dispatch decides exactly as
 # asking every codec would.
 # id(cls) -> (a weak reference to cls, its plan): a dict keyed by id, looked up
 # in C (a WeakKeyDictionary costs a Python call and a new weak reference per
@@ -398,14 +429,7 @@ class _DtypeStandIn:
 @_register_codec
 class _DtypeCodec(StandInCodec):
     stand_ins = (_DtypeStandIn,)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return isinstance(obj, torch.dtype)
-
-    @staticmethod
-    def accepts_type(cls):
-        return issubclass(cls, torch.dtype)
+    value_types = (torch.dtype,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -424,14 +448,7 @@ class _DeviceStandIn:
 @_register_codec
 class _DeviceCodec(StandInCodec):
     stand_ins = (_DeviceStandIn,)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return isinstance(obj, torch.device)
-
-    @staticmethod
-    def accepts_type(cls):
-        return issubclass(cls, torch.device)
+    value_types = (torch.device,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -450,14 +467,7 @@ class _SizeStandIn:
 @_register_codec
 class _SizeCodec(StandInCodec):
     stand_ins = (_SizeStandIn,)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return isinstance(obj, torch.Size)
-
-    @staticmethod
-    def accepts_type(cls):
-        return issubclass(cls, torch.Size)
+    value_types = (torch.Size,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -486,20 +496,18 @@ class _NamedCodec(StandInCodec):
     formats, by name (see NOTE: [Guard serialization by recorded values])."""
 
     stand_ins = (_NamedRef, _FSDPClassRef)
+    value_types = (torch.layout, torch.memory_format, *_NAMED_KINDS)
 
-    @staticmethod
-    def accepts(obj, guarded):
-        return (
-            isinstance(obj, (torch.layout, torch.memory_format, *_NAMED_KINDS))
-            or obj is builtins.__dict__
-        )
+    @classmethod
+    def accepts(cls, obj, guarded):
+        # builtins.__dict__ too, by identity: other dicts are not.
+        return cls.handles_type(type(obj)) or obj is builtins.__dict__
 
-    @staticmethod
-    def accepts_type(cls):
-        if issubclass(cls, (torch.layout, torch.memory_format, *_NAMED_KINDS)):
+    @classmethod
+    def accepts_type(cls, value_type):
+        if cls.handles_type(value_type):
             return True
-        # builtins.__dict__ is taken by identity: other dicts are not.
-        return None if cls is dict else False
+        return None if value_type is dict else False
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -551,13 +559,9 @@ class _EnumCodec(StandInCodec):
 
     stand_ins = (_EnumStandIn,)
 
-    @staticmethod
-    def accepts(obj, guarded):
-        return _is_enum_member(obj)
-
-    @staticmethod
-    def accepts_type(cls):
-        return issubclass(cls, enum.Enum) or _is_cpp_enum_type(cls)
+    @classmethod
+    def handles_type(cls, value_type):
+        return issubclass(value_type, enum.Enum) or _is_cpp_enum_type(value_type)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -615,14 +619,7 @@ class _TensorCodec(StandInCodec):
     _WrapperSubclassCodec."""
 
     stand_ins = (_TensorStandIn,)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return isinstance(obj, torch.Tensor)
-
-    @staticmethod
-    def accepts_type(cls):
-        return issubclass(cls, torch.Tensor)
+    value_types = (torch.Tensor,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -935,13 +932,9 @@ class _DTensorSpecCodec(StandInCodec):
 
     stand_ins = (_DTensorSpecStandIn, _DeviceMeshStandIn, _PlacementStandIn)
 
-    @staticmethod
-    def accepts_type(cls):
-        return _is_dtensor_spec_type(cls) or _is_device_mesh_type(cls)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return _DTensorSpecCodec.accepts_type(type(obj))
+    @classmethod
+    def handles_type(cls, value_type):
+        return _is_dtensor_spec_type(value_type) or _is_device_mesh_type(value_type)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -986,14 +979,7 @@ class _DictCodec(StandInCodec):
     """A dict or OrderedDict: its own type, holding stand-ins."""
 
     stand_ins = (dict, collections.OrderedDict)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return type(obj) in (dict, collections.OrderedDict)
-
-    @staticmethod
-    def accepts_type(cls):
-        return cls in (dict, collections.OrderedDict)
+    exact_types = (dict, collections.OrderedDict)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1024,14 +1010,7 @@ class _DefaultDictStandIn:
 @_register_codec
 class _DefaultDictCodec(StandInCodec):
     stand_ins = (_DefaultDictStandIn,)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return type(obj) is collections.defaultdict
-
-    @staticmethod
-    def accepts_type(cls):
-        return cls is collections.defaultdict
+    exact_types = (collections.defaultdict,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1056,14 +1035,7 @@ class _DefaultDictCodec(StandInCodec):
 @_register_codec
 class _ListCodec(StandInCodec):
     stand_ins = (list,)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return type(obj) is list
-
-    @staticmethod
-    def accepts_type(cls):
-        return cls is list
+    exact_types = (list,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1083,14 +1055,7 @@ class _ListCodec(StandInCodec):
 @_register_codec
 class _TupleCodec(StandInCodec):
     stand_ins = (tuple,)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return type(obj) is tuple
-
-    @staticmethod
-    def accepts_type(cls):
-        return cls is tuple
+    exact_types = (tuple,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1104,14 +1069,7 @@ class _TupleCodec(StandInCodec):
 @_register_codec
 class _SetCodec(StandInCodec):
     stand_ins = (set, frozenset)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return type(obj) in (set, frozenset)
-
-    @staticmethod
-    def accepts_type(cls):
-        return cls in (set, frozenset)
+    exact_types = (set, frozenset)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1125,14 +1083,7 @@ class _SetCodec(StandInCodec):
 @_register_codec
 class _SliceCodec(StandInCodec):
     stand_ins = (slice,)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return type(obj) is slice
-
-    @staticmethod
-    def accepts_type(cls):
-        return cls is slice
+    exact_types = (slice,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1147,13 +1098,7 @@ class _SliceCodec(StandInCodec):
 class _RangeCodec(StandInCodec):
     """A range holds only ints: it is its own stand-in (and loads as itself)."""
 
-    @staticmethod
-    def accepts(obj, guarded):
-        return type(obj) is range
-
-    @staticmethod
-    def accepts_type(cls):
-        return cls is range
+    exact_types = (range,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1168,14 +1113,7 @@ class _MappingProxyStandIn:
 @_register_codec
 class _MappingProxyCodec(StandInCodec):
     stand_ins = (_MappingProxyStandIn,)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return isinstance(obj, types.MappingProxyType)
-
-    @staticmethod
-    def accepts_type(cls):
-        return issubclass(cls, types.MappingProxyType)
+    value_types = (types.MappingProxyType,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1195,13 +1133,9 @@ class _TupleIteratorStandIn:
 class _TupleIteratorCodec(StandInCodec):
     stand_ins = (_TupleIteratorStandIn,)
 
-    @staticmethod
-    def accepts(obj, guarded):
-        return type(obj).__name__ == "tuple_iterator"
-
-    @staticmethod
-    def accepts_type(cls):
-        return cls.__name__ == "tuple_iterator"
+    @classmethod
+    def handles_type(cls, value_type):
+        return value_type.__name__ == "tuple_iterator"
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1227,13 +1161,9 @@ class _RangeIteratorStandIn:
 class _RangeIteratorCodec(StandInCodec):
     stand_ins = (_RangeIteratorStandIn,)
 
-    @staticmethod
-    def accepts(obj, guarded):
-        return type(obj).__name__ == "range_iterator"
-
-    @staticmethod
-    def accepts_type(cls):
-        return cls.__name__ == "range_iterator"
+    @classmethod
+    def handles_type(cls, value_type):
+        return value_type.__name__ == "range_iterator"
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1285,14 +1215,7 @@ class _CountIteratorCodec(StandInCodec):
     """An itertools.count by its next item and step (NOTE: [Count iterators])."""
 
     stand_ins = (_CountIteratorStandIn,)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return type(obj) is _COUNT_ITERATOR_TYPE
-
-    @staticmethod
-    def accepts_type(cls):
-        return cls is _COUNT_ITERATOR_TYPE
+    exact_types = (_COUNT_ITERATOR_TYPE,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1320,14 +1243,7 @@ class _DispatchKeySetStandIn:
 @_register_codec
 class _DispatchKeySetCodec(StandInCodec):
     stand_ins = (_DispatchKeySetStandIn,)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return isinstance(obj, torch._C.DispatchKeySet)
-
-    @staticmethod
-    def accepts_type(cls):
-        return issubclass(cls, torch._C.DispatchKeySet)
+    value_types = (torch._C.DispatchKeySet,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1357,14 +1273,7 @@ class _WeakrefStandIn:
 @_register_codec
 class _WeakrefCodec(StandInCodec):
     stand_ins = (_WeakrefStandIn,)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return type(obj) is weakref.ReferenceType
-
-    @staticmethod
-    def accepts_type(cls):
-        return cls is weakref.ReferenceType
+    exact_types = (weakref.ReferenceType,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1408,10 +1317,11 @@ class _DictViewCodec(StandInCodec):
     """A guarded dict view; an unguarded one is a placeholder."""
 
     stand_ins = (_DictViewStandIn,)
+    exact_types = tuple(_DICT_VIEW_KINDS)
 
-    @staticmethod
-    def accepts(obj, guarded):
-        return guarded and type(obj) in _DICT_VIEW_KINDS
+    @classmethod
+    def accepts(cls, obj, guarded):
+        return guarded and cls.handles_type(type(obj))
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1436,9 +1346,10 @@ class _PlaceholderCodec(StandInCodec):
     Every codec after this one sees guarded values only."""
 
     stand_ins = (_Placeholder,)
+    value_types = (object,)
 
-    @staticmethod
-    def accepts(obj, guarded):
+    @classmethod
+    def accepts(cls, obj, guarded):
         return not guarded
 
     @staticmethod
@@ -1451,8 +1362,10 @@ class _StableNameCodec(StandInCodec):
     """Any other object that has a stable name (an lru_cache-wrapped
     module-level function...): saved by name, loaded by _NamedCodec."""
 
-    @staticmethod
-    def accepts(obj, guarded):
+    value_types = (object,)
+
+    @classmethod
+    def accepts(cls, obj, guarded):
         return hasattr(obj, "__qualname__")
 
     @staticmethod
@@ -1475,14 +1388,7 @@ class _TupleSubclassStandIn:
 @_register_codec
 class _TupleSubclassCodec(StandInCodec):
     stand_ins = (_TupleSubclassStandIn,)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return isinstance(obj, tuple)
-
-    @staticmethod
-    def accepts_type(cls):
-        return issubclass(cls, tuple)
+    value_types = (tuple,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1512,14 +1418,7 @@ class _PartialStandIn:
 @_register_codec
 class _PartialCodec(StandInCodec):
     stand_ins = (_PartialStandIn,)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return type(obj) is functools.partial
-
-    @staticmethod
-    def accepts_type(cls):
-        return cls is functools.partial
+    exact_types = (functools.partial,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1549,14 +1448,7 @@ class _BoundMethodStandIn:
 @_register_codec
 class _BoundMethodCodec(StandInCodec):
     stand_ins = (_BoundMethodStandIn,)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return isinstance(obj, types.MethodType)
-
-    @staticmethod
-    def accepts_type(cls):
-        return issubclass(cls, types.MethodType)
+    value_types = (types.MethodType,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1582,14 +1474,7 @@ class _CellStandIn:
 @_register_codec
 class _CellCodec(StandInCodec):
     stand_ins = (_CellStandIn,)
-
-    @staticmethod
-    def accepts(obj, guarded):
-        return isinstance(obj, types.CellType)
-
-    @staticmethod
-    def accepts_type(cls):
-        return issubclass(cls, types.CellType)
+    value_types = (types.CellType,)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -1671,9 +1556,10 @@ class _ObjectCodec(StandInCodec):
     """An instance of a class with a ``__dict__`` or ``__slots__``."""
 
     stand_ins = (_ObjectStandIn,)
+    value_types = (object,)
 
-    @staticmethod
-    def accepts(obj, guarded):
+    @classmethod
+    def accepts(cls, obj, guarded):
         return (hasattr(obj, "__dict__") or hasattr(type(obj), "__slots__")) and not isinstance(
             obj, type
         )
