@@ -542,6 +542,10 @@ def _is_cpp_enum_type(cls: type) -> bool:
     )
 
 
+def _is_enum_type(cls: type) -> bool:
+    return issubclass(cls, enum.Enum) or _is_cpp_enum_type(cls)
+
+
 def _is_enum_member(obj) -> bool:
     return isinstance(obj, enum.Enum) or _is_cpp_enum_type(type(obj))
 
@@ -561,7 +565,7 @@ class _EnumCodec(StandInCodec):
 
     @classmethod
     def handles_type(cls, value_type):
-        return issubclass(value_type, enum.Enum) or _is_cpp_enum_type(value_type)
+        return _is_enum_type(value_type)
 
     @staticmethod
     def save(converter, obj, path, guarded):
@@ -573,7 +577,7 @@ class _EnumCodec(StandInCodec):
     @staticmethod
     def load(hydrator, stand_in):
         cls = resolve_name(stand_in.cls)
-        if isinstance(cls, type) and (issubclass(cls, enum.Enum) or _is_cpp_enum_type(cls)):
+        if isinstance(cls, type) and _is_enum_type(cls):
             # Enum classes and pybind11 enums both map member names in __members__.
             members: dict = getattr(cls, "__members__", {})
             member = members.get(stand_in.member)
@@ -651,8 +655,7 @@ class _TensorCodec(StandInCodec):
     @staticmethod
     def load(hydrator, stand_in):
         t = _make_tensor(stand_in)
-        for k, v in stand_in.attrs.items():
-            setattr(t, k, hydrator(v))
+        _load_tensor_attrs(hydrator, t, stand_in.attrs)
         return t
 
 
@@ -685,6 +688,11 @@ def _tensor_attrs(converter, t: torch.Tensor, path: str) -> dict:
         for k, v in vars(t).items()
         if k.startswith("_dynamo_")
     }
+
+
+def _load_tensor_attrs(hydrator, t: torch.Tensor, attrs: dict) -> None:
+    for k, v in attrs.items():
+        setattr(t, k, hydrator(v))
 
 
 def _seen_by_tensor_match(x: torch.Tensor, dispatch_keys=None) -> tuple:
@@ -790,12 +798,7 @@ class _WrapperSubclassCodec(StandInCodec):
 
     @staticmethod
     def load(hydrator, stand_in):
-        cls = hydrator(stand_in.cls)
-        if not (isinstance(cls, type) and issubclass(cls, torch.Tensor)):
-            raise PackageError(
-                f"tensor subclass {stand_in.cls.module}.{stand_in.cls.path}, which "
-                "the saved guards check, cannot be found in this process"
-            )
+        cls = _tensor_subclass(hydrator(stand_in.cls), stand_in.cls)
         inner = {name: hydrator(value) for name, value in stand_in.inner.items()}
         size = stand_in.size if stand_in.size is not None else (0,) * stand_in.ndim
         with torch._C._DisableFuncTorch():
@@ -804,8 +807,7 @@ class _WrapperSubclassCodec(StandInCodec):
                 stride = torch.empty(size, device="meta").stride()
             unflatten = cast(Any, cls).__tensor_unflatten__
             out = unflatten(inner, hydrator(stand_in.ctx), size, stride)
-        for k, v in stand_in.attrs.items():
-            setattr(out, k, hydrator(v))
+        _load_tensor_attrs(hydrator, out, stand_in.attrs)
         return out
 
 
@@ -974,6 +976,20 @@ class _DTensorSpecCodec(StandInCodec):
         )
 
 
+def _save_items(converter, mapping, out: dict, path: str, guarded: bool) -> None:
+    """The items of ``mapping`` into ``out``, as stand-ins."""
+    for k, v in mapping.items():
+        # A constant is itself (child's first test), without its path made.
+        out[converter.key(k, path)] = (
+            v if type(v) in _CONSTANT_TYPES else converter.child(v, f"{path}[{k!r}]", guarded)
+        )
+
+
+def _load_items(hydrator, stand_ins: dict, out: dict) -> None:
+    for k, v in stand_ins.items():
+        out[hydrator(k)] = hydrator(v)
+
+
 @_register_codec
 class _DictCodec(StandInCodec):
     """A dict or OrderedDict: its own type, holding stand-ins."""
@@ -985,19 +1001,14 @@ class _DictCodec(StandInCodec):
     def save(converter, obj, path, guarded):
         out = type(obj)()
         converter.memo[id(obj)] = out
-        for k, v in obj.items():
-            # A constant is itself (child's first test), without its path made.
-            out[converter.key(k, path)] = (
-                v if type(v) in _CONSTANT_TYPES else converter.child(v, f"{path}[{k!r}]", guarded)
-            )
+        _save_items(converter, obj, out, path, guarded)
         return out
 
     @staticmethod
     def load(hydrator, stand_in):
         out = type(stand_in)()
         hydrator.memo[id(stand_in)] = out
-        for k, v in stand_in.items():
-            out[hydrator(k)] = hydrator(v)
+        _load_items(hydrator, stand_in, out)
         return out
 
 
@@ -1017,8 +1028,7 @@ class _DefaultDictCodec(StandInCodec):
         out = _DefaultDictStandIn(None, {})
         converter.memo[id(obj)] = out
         out.factory = converter.child(obj.default_factory, f"{path}.default_factory", guarded)
-        for k, v in obj.items():
-            out.items[converter.key(k, path)] = converter.child(v, f"{path}[{k!r}]", guarded)
+        _save_items(converter, obj, out.items, path, guarded)
         return out
 
     @staticmethod
@@ -1027,8 +1037,7 @@ class _DefaultDictCodec(StandInCodec):
         hydrator.memo[id(stand_in)] = out
         factory = hydrator(stand_in.factory)
         out.default_factory = factory if callable(factory) else None
-        for k, v in stand_in.items.items():
-            out[hydrator(k)] = hydrator(v)
+        _load_items(hydrator, stand_in.items, out)
         return out
 
 
@@ -1328,15 +1337,13 @@ class _DictViewCodec(StandInCodec):
         kind, ordered = _DICT_VIEW_KINDS[type(obj)]
         view = _DictViewStandIn(kind, {}, ordered)
         converter.memo[id(obj)] = view
-        for k, v in obj.mapping.items():
-            view.items[converter.key(k, path)] = converter.child(v, f"{path}[{k!r}]", True)
+        _save_items(converter, obj.mapping, view.items, path, True)
         return view
 
     @staticmethod
     def load(hydrator, stand_in):
         mapping: dict = collections.OrderedDict() if stand_in.ordered else {}
-        for k, v in stand_in.items.items():
-            mapping[hydrator(k)] = hydrator(v)
+        _load_items(hydrator, stand_in.items, mapping)
         return getattr(mapping, stand_in.kind)()
 
 
@@ -1885,6 +1892,17 @@ def _dispatch_key_names(t: torch.Tensor) -> tuple:
 # (tensor_match_dispatch_state).
 
 
+def _tensor_subclass(cls: Any, ref: _NamedRef) -> type:
+    """``cls``, what ``ref`` (a tensor subclass the saved guards check)
+    resolved to here, or the refusal of the load when it is none."""
+    if not (isinstance(cls, type) and issubclass(cls, torch.Tensor)):
+        raise PackageError(
+            f"tensor subclass {ref.module}.{ref.path}, which the saved guards "
+            "check, cannot be found in this process"
+        )
+    return cls
+
+
 def _functorch_wrapper_kind(t: torch.Tensor) -> Optional[str]:
     functorch = torch._C._functorch
     if functorch.is_batchedtensor(t):
@@ -1904,13 +1922,7 @@ def _make_tensor(s: _TensorStandIn) -> torch.Tensor:
     with torch._C._DisableFuncTorch(), torch._C._InferenceMode(s.is_inference):
         t = _make_tensor_here(s)
         if s.subclass is not None:
-            cls = resolve_name(s.subclass)
-            if not (isinstance(cls, type) and issubclass(cls, torch.Tensor)):
-                raise PackageError(
-                    f"tensor subclass {s.subclass.module}.{s.subclass.path}, which "
-                    "the saved guards check, cannot be found in this process"
-                )
-            t = t.as_subclass(cls)
+            t = t.as_subclass(_tensor_subclass(resolve_name(s.subclass), s.subclass))
         return t
 
 
