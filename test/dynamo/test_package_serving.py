@@ -27,8 +27,6 @@ only with TORCH_OVERLAY_LONG_TESTS=1.
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import unittest
 
@@ -37,6 +35,7 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
 )
+from torch.testing._internal.fresh_process import run_code
 
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
@@ -48,6 +47,7 @@ RUNNER = r'''
 import copy, json, os, sys, warnings
 os.environ["HF_HUB_OFFLINE"] = "1"
 import torch, transformers
+from torch.testing._internal.fresh_process import write_report
 from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
 mode, case, package, which = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -203,28 +203,15 @@ else:
             raise
         report["recompile"] = str(e)
     report["eager"] = run(build_named(which), load_prompt, LOAD_STEPS)
-print("REPORT" + json.dumps(report))
+write_report(report)
 '''
 
 
 @unittest.skipUnless(HAS_TRANSFORMERS, "transformers is not installed")
 class TestPackageServing(torch._dynamo.test_case.TestCase):
     def run_process(self, mode, case, package, which="model"):
-        env = {
-            **os.environ,
-            "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="serving-cache-"),
-        }
-        proc = subprocess.run(
-            [sys.executable, "-c", RUNNER, mode, json.dumps(case), package, which],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tempfile.gettempdir(),
-        )
-        reports = [line for line in proc.stdout.splitlines() if line.startswith("REPORT")]
-        if proc.returncode != 0 or not reports:
-            self.fail(f"{mode} process failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-        return json.loads(reports[-1][len("REPORT") :])
+        # Saves and loads alike start from an empty inductor cache.
+        return run_code(RUNNER, mode, json.dumps(case), package, which, fresh_inductor_cache=True)
 
     def save(self, case, package):
         """Save in one process: nothing left out, tokens equal eager's."""
