@@ -9,9 +9,7 @@ interpreter and each load in a FRESH one with an empty inductor cache, under
 refused with typed errors.
 """
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,6 +30,7 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
 )
+from torch.testing._internal.fresh_process import run_script
 
 
 # A module of its own, so that a fresh process finds the compiled functions by name.
@@ -56,6 +55,7 @@ def with_break(x):
 RUNNER = r'''
 import json, os, sys
 import torch
+from torch.testing._internal.fresh_process import write_report
 sys.path.insert(0, os.path.dirname(sys.argv[3]))
 import store_case as case
 from torch._dynamo.package import CompilePackage, DiskDynamoStore, DynamoCache
@@ -117,7 +117,7 @@ else:
     with torch.compiler.set_stance("fail_on_recompile"):
         report["out"] = [c(x).tolist() for c in compiled]
     report["frames_compiled"] = torch._dynamo.convert_frame.FRAME_COUNTER - frames
-print("REPORT " + json.dumps(report))
+write_report(report)
 '''
 
 
@@ -152,17 +152,14 @@ class TestPackageStores(torch._dynamo.test_case.TestCase):
         super().tearDown()
 
     def _run(self, mode, backend, cache_dir, **extra_env):
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir), **extra_env)
-        proc = subprocess.run(
-            [sys.executable, str(self.tmp / "runner.py"), mode, backend, str(self.tmp / "store_case.py")],
-            env=env,
-            capture_output=True,
-            text=True,
+        return run_script(
+            self.tmp / "runner.py",
+            mode,
+            backend,
+            self.tmp / "store_case.py",
+            env={"TORCHINDUCTOR_CACHE_DIR": str(cache_dir), **extra_env},
             timeout=600,
         )
-        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-        line = next(line for line in proc.stdout.splitlines() if line.startswith("REPORT "))
-        return json.loads(line[len("REPORT ") :])
 
     @parametrize("backend", ["eager", "inductor"])
     def test_disk_store_fresh_process(self, backend):
