@@ -9,9 +9,6 @@ compiled in a fresh process.
 """
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -23,6 +20,7 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
 )
+from torch.testing._internal.fresh_process import run_code
 
 
 CACHED_MODELS = """
@@ -50,6 +48,7 @@ import json, os, sys, torch
 sys.path.insert(0, {dir!r})
 import cached_models
 from torch._dynamo.utils import counters
+from torch.testing._internal.fresh_process import write_report
 torch._dynamo.config.caching_precompile = {caching!r}
 subject = cached_models.subject({kind!r})
 compiled = torch.compile(subject, backend="eager")
@@ -64,12 +63,12 @@ if not {hold!r}:
 if {save!r}:
     torch.compiler.save_cache_artifacts()
 dynamo_dir = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "dynamo")
-print("REPORT" + json.dumps({{
+write_report({{
     "same": bool(torch.allclose(out, subject(x))),
     "traced_graphs": counters["stats"]["unique_graphs"],
     "dynamo_cache": dict(counters["dynamo_cache"]),
     "saved_packages": len(os.listdir(dynamo_dir)) if os.path.isdir(dynamo_dir) else 0,
-}}))
+}})
 """
 
 
@@ -122,15 +121,12 @@ class TestCachingPrecompile(torch._dynamo.test_case.TestCase):
         (self.tmp / "cached_models.py").write_text(CACHED_MODELS)
 
     def run_process(self, kind, *, caching=True, stance="default", save=False, hold=True):
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(self.tmp / "cache")}
         script = CACHING_RUN.format(
             dir=str(self.tmp), kind=kind, caching=caching, stance=stance, save=save, hold=hold
         )
-        proc = subprocess.run(
-            [sys.executable, "-c", script], cwd=self.tmp, env=env, capture_output=True, text=True
+        return run_code(
+            script, cwd=self.tmp, env={"TORCHINDUCTOR_CACHE_DIR": str(self.tmp / "cache")}
         )
-        self.assertEqual(proc.returncode, 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-        return json.loads(proc.stdout.split("REPORT", 1)[1])
 
     @parametrize("kind", ["function", "module"])
     def test_fresh_process_loads_what_save_cache_artifacts_wrote(self, kind):
