@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch._dynamo.test_case
 from torch._dynamo.exc import PackageError
+from torch._dynamo.package_format import SIGNATURE_FILE
 from torch._dynamo.package_trust import (
     allowed_global,
     check_kernel_binary,
@@ -90,6 +91,32 @@ for case in json.loads(sys.argv[2]):
     except Exception as e:
         reports.append({"error": type(e).__name__, "message": str(e)[:500]})
 print("REPORT" + json.dumps(reports))
+"""
+
+# Saves and loads without signatures (trusted keys configured, none required):
+# which cryptography modules the process has imported then.
+UNSIGNED_ONLY = """
+import sys
+import torch
+
+out, public = sys.argv[1], sys.argv[2]
+sys.path.insert(0, out)
+import trust_model
+
+x = torch.arange(6.0)
+expected = trust_model.f(x, x)
+compiled = torch.compile(trust_model.f, backend="eager", package=f"{out}/unsigned-again")
+compiled(x, x)
+compiled.save_package()
+with torch._dynamo.config.patch(package_trusted_keys=[public], package_require_signature=False):
+    for path in (f"{out}/unsigned", f"{out}/unsigned-again"):
+        torch._dynamo.reset()
+        loaded = torch.compile(trust_model.f, backend="eager", package=path)
+        loaded.load_package()
+        with torch.compiler.set_stance("fail_on_recompile"):
+            assert torch.equal(loaded(x, x), expected)
+    assert torch.equal(torch.compiler.load_compiled_function(f"{out}/unsigned.pt")(x, x), expected)
+print("IMPORTED", sorted(m for m in sys.modules if m.partition(".")[0] == "cryptography"))
 """
 
 
@@ -219,6 +246,20 @@ class PackageTrustTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(reports[11].get("error"), "PackageSignatureError")
         self.assertEqual(reports[12], ok)
         self.assertFalse(marker.exists())
+
+    def test_unsigned_packages_do_not_import_cryptography(self):
+        # NOTE: [Ed25519 through cryptography]: only a signature imports it.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_COMPILE_PACKAGE_")}
+        proc = subprocess.run(
+            [sys.executable, "-c", UNSIGNED_ONLY, str(self.root), self.public],
+            capture_output=True,
+            text=True,
+            cwd=self.root,
+            timeout=300,
+            env={**env, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(dir=self.root)},
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
+        self.assertIn("IMPORTED []", proc.stdout.splitlines(), proc.stdout[-2000:])
 
     def test_tampered_file_with_fixed_sha256(self):
         # A graph changed after signing, its sha256 fixed in the manifest: the
@@ -359,9 +400,32 @@ class PackageTrustUnitTests(torch._dynamo.test_case.TestCase):
             parse_manifest(b"{not json", "<test>")
 
 
-class Ed25519BackendTests(torch._dynamo.test_case.TestCase):
-    """NOTE: [Ed25519 through the process's OpenSSL]: the OpenSSL backend and
-    cryptography make and accept the same signatures."""
+# RFC 8032 section 7.1, TEST 1 and TEST 2: (private key, public key, message, signature).
+RFC8032_VECTORS = [
+    (
+        "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
+        "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a",
+        "",
+        "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b",
+    ),
+    (
+        "4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb",
+        "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c",
+        "72",
+        "92a009a9f0d4cab8720e820b5f642540a2b27b5416503f8fb3762223ebdb69da085ac1e43e15996e458f3613d0f11d8c387b2eaeb4302aeeb00d291612bb0c00",
+    ),
+]
+
+
+def _pem(label: str, der: bytes) -> bytes:
+    body = base64.b64encode(der)
+    lines = [body[i : i + 64] for i in range(0, len(body), 64)]
+    return b"\n".join([f"-----BEGIN {label}-----".encode(), *lines, f"-----END {label}-----".encode(), b""])
+
+
+class Ed25519Tests(torch._dynamo.test_case.TestCase):
+    """NOTE: [Ed25519 through cryptography]: signing keys, signatures and their
+    verification."""
 
     def setUp(self):
         super().setUp()
@@ -372,36 +436,40 @@ class Ed25519BackendTests(torch._dynamo.test_case.TestCase):
         package_trust.write_key_pair(f"{self.tmp}/key", f"{self.tmp}/key.pub")
         self.private = package_trust.load_private_key(f"{self.tmp}/key")
         self.public = package_trust.load_public_key(f"{self.tmp}/key.pub")
-        self.openssl = package_trust._OpenSSLEd25519.load()
-        if self.openssl is None:
-            self.skipTest("hashlib is not built on an OpenSSL with Ed25519 here")
-        self.cryptography = package_trust._CryptographyEd25519()
 
     def tearDown(self):
         shutil.rmtree(self.tmp, ignore_errors=True)
         super().tearDown()
 
-    def test_openssl_is_used_where_hashlib_loaded_it(self):
-        self.assertIsInstance(self.trust.ed25519_backend(), self.trust._OpenSSLEd25519)
+    def test_rfc8032_vectors(self):
+        # Ed25519 is deterministic: these bytes are what any build, this one or
+        # one before it, writes for these keys, so its packages keep verifying.
+        for i, (private, public, message, signature) in enumerate(RFC8032_VECTORS):
+            key, pub = f"{self.tmp}/rfc{i}", f"{self.tmp}/rfc{i}.pub"
+            Path(key).write_bytes(_pem("PRIVATE KEY", self.trust._PKCS8_ED25519_PREFIX + bytes.fromhex(private)))
+            Path(pub).write_bytes(_pem("PUBLIC KEY", self.trust._SPKI_ED25519_PREFIX + bytes.fromhex(public)))
+            record = self.trust.sign_manifest(bytes.fromhex(message), key)
+            self.assertEqual(base64.b64decode(json.loads(record)["signature"]).hex(), signature)
+            self.assertEqual(self._fingerprint(record), self.trust.key_fingerprint(bytes.fromhex(public)))
+            signer = self.trust.verify_manifest(bytes.fromhex(message), record, "<test>", trusted=[pub], require=True)
+            self.assertEqual(signer, self.trust.key_fingerprint(bytes.fromhex(public)))
 
-    def test_backends_agree(self):
+    def test_sign_and_verify(self):
         data = b'{"files": {}}' * 50
-        signature, public = self.openssl.sign(self.private, data)
+        signer = self.trust._Signer(self.private)
+        signature = signer.sign(data)
         self.assertEqual(len(signature), 64)
-        self.assertEqual((signature, public), self.cryptography.sign(self.private, data))
-        self.assertEqual(public, self.public)
-        for verifier in (self.openssl, self.cryptography):
-            self.assertTrue(verifier.verify(self.public, signature, data))
-            self.assertFalse(verifier.verify(self.public, signature, data + b" "))
-            self.assertFalse(verifier.verify(self.public, bytes([signature[0] ^ 1]) + signature[1:], data))
-            self.assertFalse(verifier.verify(self.public, bytes(64), data))
+        self.assertEqual(signer.public, self.public)
+        self.assertTrue(self.trust._verify(self.public, signature, data))
+        self.assertFalse(self.trust._verify(self.public, signature, data + b" "))
+        self.assertFalse(self.trust._verify(self.public, bytes([signature[0] ^ 1]) + signature[1:], data))
+        self.assertFalse(self.trust._verify(self.public, bytes(64), data))
 
     def test_another_key_does_not_verify(self):
         self.trust.write_key_pair(f"{self.tmp}/other", f"{self.tmp}/other.pub")
         other = self.trust.load_public_key(f"{self.tmp}/other.pub")
-        signature, _ = self.openssl.sign(self.private, b"manifest")
-        self.assertFalse(self.openssl.verify(other, signature, b"manifest"))
-        self.assertFalse(self.cryptography.verify(other, signature, b"manifest"))
+        signature = self.trust._Signer(self.private).sign(b"manifest")
+        self.assertFalse(self.trust._verify(other, signature, b"manifest"))
 
     def test_sign_and_verify_manifest(self):
         record = self.trust.sign_manifest(b"manifest", f"{self.tmp}/key")
@@ -409,7 +477,6 @@ class Ed25519BackendTests(torch._dynamo.test_case.TestCase):
         self.assertEqual(signer, self.trust.key_fingerprint(self.public))
         with self.assertRaises(self.trust.PackageSignatureError):
             self.trust.verify_manifest(b"manifest!", record, "<test>", trusted=[f"{self.tmp}/key.pub"], require=True)
-
 
     def _fingerprint(self, signature_record: bytes) -> str:
         return json.loads(signature_record)["signer"]
@@ -437,7 +504,7 @@ class Ed25519BackendTests(torch._dynamo.test_case.TestCase):
             misses = self.trust._signer_of.cache_info().misses
             compiled.save_package()
             self.assertEqual(self.trust._signer_of.cache_info().misses, misses)
-        record = Path(f"{self.tmp}/pkg/{self.trust.SIGNATURE_FILE}").read_bytes()
+        record = Path(f"{self.tmp}/pkg/{SIGNATURE_FILE}").read_bytes()
         self.assertEqual(self._fingerprint(record), self.trust.key_fingerprint(self.public))
 
     def test_unusable_signing_key_is_reported_by_the_save(self):

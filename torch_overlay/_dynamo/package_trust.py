@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import ctypes
 import dataclasses
 import errno
 import functools
@@ -200,169 +199,42 @@ def _ed25519():
     return ed25519
 
 
-# NOTE: [Ed25519 through the process's OpenSSL]
-# Signing a manifest when a package is saved and verifying it when one is loaded
-# are fixed costs of every save and load. With cryptography they are dominated
-# by importing its Rust binding (4-10 ms: as long as saving a small package),
-# not by the signature (~0.1 ms). Python's hashlib has already loaded the
-# system's libcrypto into the process, and OpenSSL (1.1.1 and later) signs and
-# verifies Ed25519 with raw keys through four EVP calls: so that is what
-# signing and verifying use, through ctypes, when hashlib's libcrypto is loaded
-# and has Ed25519. Ed25519 (RFC 8032) is deterministic: both give the same
-# signature bytes for the same key and manifest, and each verifies the other's
-# (tested). cryptography stays for generating keys, for key files in PEM forms
-# other than plain PKCS#8 / SubjectPublicKeyInfo, and for a process whose
-# hashlib is not built on such an OpenSSL.
+# NOTE: [Ed25519 through cryptography]
+# Signatures are made and checked by the cryptography package, the one Ed25519
+# implementation here. It is imported where a signature is made or checked (and
+# where a key pair is generated or a key file in another PEM form is read),
+# never at module import: loading an unsigned package, or saving without a key,
+# does not import it (tested). That import (~9-14 ms on a 2-core machine) is
+# most of what signing costs a process; a signature takes ~0.04 ms and a
+# verification ~0.09 ms (benchmarks/results/package_signing.md). A save pays
+# the import while the package's graph compiles (NOTE: [Signing keys are
+# prepared before the save]); a signed load pays it once per process.
 ED25519_KEY_BYTES = 32
 ED25519_SIGNATURE_BYTES = 64
 
 
-class _Ed25519Backend:
-    """What both backends share: signing once with a key given as raw bytes."""
+class _Signer:
+    """An Ed25519 private key given as raw bytes, made a key object once to sign
+    with many times, and its raw public key."""
 
-    def signer(self, private_raw: bytes):
-        raise NotImplementedError
-
-    def sign(self, private_raw: bytes, data: bytes) -> tuple[bytes, bytes]:
-        """The signature of ``data`` and the raw public key of ``private_raw``."""
-        signer = self.signer(private_raw)
-        return signer.sign(data), signer.public
-
-
-class _OpenSSLEd25519(_Ed25519Backend):
-    """Ed25519 with raw keys through the libcrypto Python's hashlib loaded."""
-
-    NID_ED25519 = 1087  # OpenSSL's EVP_PKEY_ED25519
-    LIBRARY_NAMES = ("libcrypto.so.3", "libcrypto.so.1.1", "libcrypto.3.dylib")
-
-    def __init__(self, lib) -> None:
-        pointer, size, buffer = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
-        signatures = {
-            "EVP_PKEY_new_raw_private_key": (pointer, [ctypes.c_int, pointer, buffer, size]),
-            "EVP_PKEY_new_raw_public_key": (pointer, [ctypes.c_int, pointer, buffer, size]),
-            "EVP_PKEY_get_raw_public_key": (ctypes.c_int, [pointer, buffer, ctypes.POINTER(size)]),
-            "EVP_PKEY_free": (None, [pointer]),
-            "EVP_MD_CTX_new": (pointer, []),
-            "EVP_MD_CTX_free": (None, [pointer]),
-            "EVP_DigestSignInit": (ctypes.c_int, [pointer] * 5),
-            "EVP_DigestSign": (ctypes.c_int, [pointer, buffer, ctypes.POINTER(size), buffer, size]),
-            "EVP_DigestVerifyInit": (ctypes.c_int, [pointer] * 5),
-            "EVP_DigestVerify": (ctypes.c_int, [pointer, buffer, size, buffer, size]),
-        }
-        for name, (restype, argtypes) in signatures.items():
-            function = getattr(lib, name)  # AttributeError: an OpenSSL without it
-            function.restype, function.argtypes = restype, argtypes
-        self._lib = lib
-
-    @classmethod
-    def load(cls) -> Optional[_OpenSSLEd25519]:
-        """The backend, or None where hashlib's libcrypto is not loaded or lacks Ed25519."""
-        try:
-            import _hashlib  # noqa: F401  (loads libcrypto, if hashlib is built on it)
-        except ImportError:
-            return None
-        for name in cls.LIBRARY_NAMES:
-            try:
-                # RTLD_NOLOAD: only the libcrypto already in the process.
-                backend = cls(ctypes.CDLL(name, mode=os.RTLD_NOLOAD | ctypes.RTLD_LOCAL))
-            except (OSError, AttributeError):
-                continue
-            probe = backend._key(bytes(ED25519_KEY_BYTES), private=True)
-            if probe is not None:
-                backend._lib.EVP_PKEY_free(probe)
-                return backend
-        return None
-
-    def _key(self, raw: bytes, private: bool):
-        new_key = self._lib.EVP_PKEY_new_raw_private_key if private else self._lib.EVP_PKEY_new_raw_public_key
-        return new_key(self.NID_ED25519, None, raw, len(raw))
-
-    def signer(self, private_raw: bytes) -> _OpenSSLSigner:
-        """``private_raw`` made into an OpenSSL key once, to sign with many times."""
-        return _OpenSSLSigner(self, private_raw)
-
-    def verify(self, public_raw: bytes, signature: bytes, data: bytes) -> bool:
-        lib = self._lib
-        key = self._key(public_raw, private=False)
-        if not key:
-            raise PackageError("OpenSSL refused an Ed25519 key of 32 bytes")
-        context = lib.EVP_MD_CTX_new()
-        try:
-            if lib.EVP_DigestVerifyInit(context, None, None, None, key) != 1:
-                return False
-            return lib.EVP_DigestVerify(context, signature, len(signature), data, len(data)) == 1
-        finally:
-            lib.EVP_MD_CTX_free(context)
-            lib.EVP_PKEY_free(key)
-
-
-class _OpenSSLSigner:
-    """An Ed25519 private key held as an OpenSSL EVP_PKEY, and its raw public key."""
-
-    def __init__(self, backend: _OpenSSLEd25519, private_raw: bytes) -> None:
-        self._lib = backend._lib
-        self._key = backend._key(private_raw, private=True)
-        if not self._key:
-            raise PackageError("OpenSSL refused an Ed25519 key of 32 bytes")
-        public = ctypes.create_string_buffer(ED25519_KEY_BYTES)
-        public_length = ctypes.c_size_t(ED25519_KEY_BYTES)
-        if self._lib.EVP_PKEY_get_raw_public_key(self._key, public, ctypes.byref(public_length)) != 1:
-            raise PackageError("OpenSSL cannot give the public key of an Ed25519 key")
-        self.public = public.raw[: public_length.value]
-
-    def sign(self, data: bytes) -> bytes:
-        lib = self._lib
-        signature = ctypes.create_string_buffer(ED25519_SIGNATURE_BYTES)
-        length = ctypes.c_size_t(ED25519_SIGNATURE_BYTES)
-        # A context per signature: one EVP_PKEY may sign in several threads.
-        context = lib.EVP_MD_CTX_new()
-        try:
-            if (
-                lib.EVP_DigestSignInit(context, None, None, None, self._key) != 1
-                or lib.EVP_DigestSign(context, signature, ctypes.byref(length), data, len(data)) != 1
-            ):
-                raise PackageError("OpenSSL failed to sign the manifest with Ed25519")
-        finally:
-            lib.EVP_MD_CTX_free(context)
-        return signature.raw[: length.value]
-
-    def __del__(self) -> None:
-        if getattr(self, "_key", None):
-            self._lib.EVP_PKEY_free(self._key)
-
-
-class _CryptographyEd25519(_Ed25519Backend):
-    """Ed25519 with raw keys through the cryptography package."""
-
-    def signer(self, private_raw: bytes) -> _CryptographySigner:
-        """``private_raw`` made into a cryptography key once, to sign with many times."""
-        return _CryptographySigner(_ed25519().Ed25519PrivateKey.from_private_bytes(private_raw))
-
-    def verify(self, public_raw: bytes, signature: bytes, data: bytes) -> bool:
-        from cryptography.exceptions import InvalidSignature
-
-        try:
-            _ed25519().Ed25519PublicKey.from_public_bytes(public_raw).verify(signature, data)
-        except InvalidSignature:
-            return False
-        return True
-
-
-class _CryptographySigner:
-    """An Ed25519 private key as cryptography's object, and its raw public key."""
-
-    def __init__(self, key) -> None:
-        self._key = key
-        self.public = key.public_key().public_bytes_raw()
+    def __init__(self, private_raw: bytes) -> None:
+        self._key = _ed25519().Ed25519PrivateKey.from_private_bytes(private_raw)
+        self.public = self._key.public_key().public_bytes_raw()
 
     def sign(self, data: bytes) -> bytes:
         return self._key.sign(data)
 
 
-@functools.cache
-def ed25519_backend():
-    """What signs and verifies (NOTE: [Ed25519 through the process's OpenSSL])."""
-    return _OpenSSLEd25519.load() or _CryptographyEd25519()
+def _verify(public_raw: bytes, signature: bytes, data: bytes) -> bool:
+    """Whether ``signature`` is the Ed25519 signature of ``data`` by ``public_raw``."""
+    ed25519 = _ed25519()
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        ed25519.Ed25519PublicKey.from_public_bytes(public_raw).verify(signature, data)
+    except InvalidSignature:
+        return False
+    return True
 
 
 def _read_key_file(path: str, what: str) -> bytes:
@@ -432,9 +304,10 @@ def load_public_key(path: str) -> bytes:
 def write_key_pair(private_path, public_path) -> None:
     """A new Ed25519 key pair: the private key (PKCS#8 PEM, written readable by
     its owner only) and its public key (SubjectPublicKeyInfo PEM)."""
+    ed25519 = _ed25519()
     from cryptography.hazmat.primitives import serialization
 
-    key = _ed25519().Ed25519PrivateKey.generate()
+    key = ed25519.Ed25519PrivateKey.generate()
     private_pem = key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
@@ -456,10 +329,10 @@ def key_fingerprint(public_raw: bytes) -> str:
 
 
 # NOTE: [Signing keys are prepared before the save]
-# Signing a manifest takes ~0.1 ms; making the key ready for it takes more, once
-# per process: reading and decoding the PEM file, OpenSSL's first Ed25519 key
-# (it loads its key management on first use) and the ctypes prototypes, ~0.7 ms
-# together, as much as 10% of saving a small package. So the signer of a key file is kept (per
+# Signing a manifest takes ~0.04 ms; making the key ready for it takes much
+# more, once per process: importing cryptography (~9-14 ms), then reading and
+# decoding the PEM file and making the key object (~0.7 ms), longer than saving
+# a small package. So the signer of a key file is kept (per
 # path, re-read when the file's inode, size or mtime changes, so a rotated key is
 # used by the next save), and a compile that records a graph for a package
 # prepares config.package_signing_key's signer while it compiles (seconds),
@@ -468,7 +341,7 @@ def key_fingerprint(public_raw: bytes) -> str:
 # a bad key file is still reported by the save that needs it.
 @functools.lru_cache(maxsize=8)
 def _signer_of(path: str, inode: int, size: int, mtime_ns: int):
-    return ed25519_backend().signer(load_private_key(path))
+    return _Signer(load_private_key(path))
 
 
 def _signer(key_file: str):
@@ -546,10 +419,9 @@ def verify_manifest(data: bytes, signature: Optional[bytes], where, trusted=None
             )
         log.info("package %s is signed by %s; no trusted keys configured to check it", where, claimed)
         return None
-    backend = ed25519_backend()
     for key_file in trusted:
         public = load_public_key(key_file)
-        if backend.verify(public, raw, data):
+        if _verify(public, raw, data):
             return key_fingerprint(public)
     raise PackageSignatureError(
         f"package {where}: the signature of {MANIFEST} (signer {claimed[:40]!r}) does not "
