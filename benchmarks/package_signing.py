@@ -11,9 +11,17 @@ package, with ``package_require_signature`` on for the signed ones; the
 save and load phases in wall time and in the process's CPU time (which a machine
 shared with other jobs disturbs less; it leaves out waiting for the disk, so its
 ratios are the stricter ones). Modes alternate run by run; the result is min and median of each, and signed /
-unsigned ratios of both (goal: <= 1.05x). Writes benchmarks/results/package_signing.md.
+unsigned ratios of both (goal: <= 1.05x).
 
-    TORCH_OVERLAY=1 .venv/bin/python benchmarks/package_signing.py [--runs N]
+Then what the cryptography package, which makes and checks every signature
+(NOTE: [Ed25519 through cryptography]), costs in a fresh process that has
+imported torch and package_trust: its import, making the signing key ready,
+one signature of a 3 kB manifest, the first verify_manifest() of a process
+(what a signed load pays) and each one after it. ``--cryptography-only`` runs
+just that part and replaces only its section of the results. Writes
+benchmarks/results/package_signing.md.
+
+    TORCH_OVERLAY=1 .venv/bin/python benchmarks/package_signing.py [--runs N] [--cryptography-only]
 """
 
 import argparse
@@ -84,6 +92,50 @@ print("RESULT" + json.dumps({"phase_s": phase, "phase_cpu_s": phase_cpu, "proces
 """
 
 
+# argv: private key, public key, "sign"|"verify", repeats. Times in seconds.
+CRYPTOGRAPHY_RUN = """
+import json, sys, time
+import torch
+from torch._dynamo import package_trust
+
+private, public, mode, repeats = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+assert "cryptography" not in sys.modules, "package_trust imported cryptography at import"
+manifest = package_trust.manifest_bytes({
+    "format_version": 2, "torch_version": torch.__version__, "device": "cpu",
+    "files": {f"graphs/{i:032x}.bin": f"{i:064x}" for i in range(36)},
+})
+result = {"manifest_bytes": len(manifest)}
+if mode == "sign":
+    t = time.perf_counter()
+    package_trust._ed25519()
+    result["import_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    package_trust._signer(private)
+    result["prepare_s"] = time.perf_counter() - t
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        record = package_trust.sign_manifest(manifest, private)
+        times.append(time.perf_counter() - t)
+    result["sign_s"] = sorted(times)[len(times) // 2]
+    result["record"] = record.decode()
+else:
+    record = sys.argv[5].encode()
+    t = time.perf_counter()
+    package_trust.verify_manifest(manifest, record, "<bench>", trusted=[public], require=True)
+    result["first_verify_s"] = time.perf_counter() - t
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        package_trust.verify_manifest(manifest, record, "<bench>", trusted=[public], require=True)
+        times.append(time.perf_counter() - t)
+    result["verify_s"] = sorted(times)[len(times) // 2]
+print("RESULT" + json.dumps(result))
+"""
+
+CRYPTOGRAPHY_SECTION = "## Ed25519 through cryptography"
+
+
 def _keys(root: Path) -> tuple[str, str]:
     from torch._dynamo.package_trust import write_key_pair
 
@@ -128,15 +180,71 @@ def _summary(values: list[float]) -> tuple[float, float]:
     return min(values), statistics.median(values)
 
 
+def _run_cryptography(private: str, public: str, mode: str, signatures: int, *extra: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", CRYPTOGRAPHY_RUN, private, public, mode, str(signatures), *extra],
+        capture_output=True,
+        text=True,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"cryptography {mode} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT") :])
+
+
+def _cryptography_section(private: str, public: str, runs: int, signatures: int) -> str:
+    """What cryptography costs signing and verifying, in fresh processes."""
+    samples: dict[str, list[float]] = {}
+    size = 0
+    for run in range(runs):
+        signed = _run_cryptography(private, public, "sign", signatures)
+        verified = _run_cryptography(private, public, "verify", signatures, signed["record"])
+        size = signed["manifest_bytes"]
+        for result in (signed, verified):
+            for key, value in result.items():
+                if key.endswith("_s"):
+                    samples.setdefault(key, []).append(value)
+        print(f"cryptography run {run + 1}/{runs} done", file=sys.stderr)
+    what = {
+        "import_s": "import of cryptography's Ed25519 (the first signature or verify of a process pays it)",
+        "prepare_s": "signing key made ready after that import (PEM read, key object; done while a package compiles)",
+        "sign_s": f"sign_manifest() of a {size}-byte manifest, median of {signatures} in one process",
+        "first_verify_s": "first verify_manifest() of a process, the import included (a signed load pays it once)",
+        "verify_s": f"verify_manifest() after that (public key file read each time), median of {signatures}",
+    }
+    rows = ["| measured | min (ms) | median (ms) |", "|---|---|---|"]
+    for key, text in what.items():
+        low, mid = _summary(samples[key])
+        rows.append(f"| {text} | {low * 1e3:.3f} | {mid * 1e3:.3f} |")
+    import cryptography
+
+    load = os.getloadavg()[0]
+    return (
+        f"{CRYPTOGRAPHY_SECTION}\n\n"
+        f"cryptography {cryptography.__version__}, {runs} fresh processes per row (each after `import torch` and "
+        f"package_trust, which do not import cryptography), {time.strftime('%Y-%m-%d', time.gmtime())}, "
+        f"{os.cpu_count()} CPUs, load average {load:.1f} when it ended.\n\n" + "\n".join(rows) + "\n"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--repeats", type=int, default=50, help="saves of each kind in the alternating process")
+    parser.add_argument("--signatures", type=int, default=2000, help="signatures and verifies timed in one process")
+    parser.add_argument("--cryptography-only", action="store_true", help="only the cost of cryptography itself")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "package_signing.md"))
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="package-signing-"))
     (root / "signing_model.py").write_text(MODEL)
     private, public = _keys(root)
+    out = Path(args.out)
+    if args.cryptography_only:
+        section = _cryptography_section(private, public, args.runs, args.signatures)
+        previous = out.read_text().split(CRYPTOGRAPHY_SECTION)[0].rstrip() if out.exists() else "# Package signing cost"
+        out.write_text(previous + "\n\n" + section)
+        print(section)
+        return 0
     modes = {
         "unsigned": ({}, {}),
         "signed": (
@@ -182,10 +290,11 @@ def main() -> int:
         )
     text = (
         f"# Package signing cost\n\n{args.runs} fresh processes per cell, modes alternating; "
-        "signed loads with package_require_signature on.\n\n" + "\n".join(rows) + "\n"
+        "signed loads with package_require_signature on.\n\n" + "\n".join(rows) + "\n\n"
+        + _cryptography_section(private, public, args.runs, args.signatures)
     )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
     print(text)
     return 0
 
