@@ -1,7 +1,7 @@
 """Guard-check time of loaded guard managers, and what saving guards adds to compile.
 
 Guard check: each run is a fresh interpreter that builds the reference
-CheckFunctionManager for a few example frames (guards_serialization_mode="save"),
+CheckFunctionManager for a few example frames (save_guards=True),
 loads a second one from its guards_state, and times
 ``guard_manager.check(f_locals)`` of both on the same inputs in the same process.
 The parent reports min and median over runs of the time per check and of the
@@ -36,6 +36,7 @@ CHILD = r"""
 import json, sys, timeit
 sys.path.insert(0, {test_dir!r})
 import torch
+import guard_round_trip
 import test_guard_serialization as t
 
 cases = {{
@@ -46,10 +47,10 @@ cases = {{
 out = {{}}
 for name, (fn, args) in cases.items():
     built = t.build_check_fn_manager(fn, args)
-    loaded = t.load_check_fn_manager(built)
+    loaded = guard_round_trip.load_built(built)
     f_locals = built.f_locals
-    assert built.ref.guard_manager.check(f_locals) and loaded.guard_manager.check(f_locals)
-    managers = {{"reference": built.ref.guard_manager, "loaded": loaded.guard_manager}}
+    assert built.ref.guard_manager.check(f_locals) and loaded.check(f_locals)
+    managers = {{"reference": built.ref.guard_manager, "loaded": loaded}}
     timings = {{label: float("inf") for label in managers}}
     for _ in range(7):  # interleaved, so warm-up and noise hit both alike
         for label, mgr in managers.items():
