@@ -10,10 +10,7 @@ load logs one INFO line saying what it loaded and what it cost.
 """
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import textwrap
 import types
@@ -21,6 +18,7 @@ import unittest
 from pathlib import Path
 
 import torch._dynamo.test_case
+from torch.testing._internal.fresh_process import run_code
 from torch.utils._triton import has_triton_package
 
 
@@ -185,6 +183,8 @@ with torch.no_grad():
         with torch._dynamo.config.patch("enable_aot_compile", True):
             fn = torch.compile(model, fullgraph=True).forward.aot_compile(((x,), {}))
         fn.save_compiled_function(sys.argv[2])
+from torch.testing._internal.fresh_process import write_report
+write_report("saved")
 """
 
 LOAD = """
@@ -242,7 +242,9 @@ with torch.no_grad():
     report["miss_same"] = torch.allclose(compiled(y), model(y))
     report["frames_compiled"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
 report["imported_after_miss"] = [m for m in compile_only if m in sys.modules]
-print("REPORT" + json.dumps(report))
+# Imported last: what this process imported is what it reports.
+from torch.testing._internal.fresh_process import write_report
+write_report(report)
 """
 
 CHECK_BEFORE_AND_AFTER_THE_MAP = """
@@ -256,11 +258,12 @@ built_before = trace_rules.rule_map_is_built()
 before = trace_rules.check_verbose(load_imports_model.scaled_relu)
 trace_rules.get_torch_obj_rule_map()
 after = trace_rules.check_verbose(load_imports_model.scaled_relu)
-print("REPORT" + json.dumps({
+from torch.testing._internal.fresh_process import write_report
+write_report({
     "built_before": built_before,
     "before": [before.skipped, before.reason],
     "after": [after.skipped, after.reason],
-}))
+})
 """
 
 NUMPY_INTEROP = """
@@ -294,7 +297,9 @@ x = torch.randn(4, 5)
 out = torch.compile(f, backend=counter, fullgraph=True)(x)
 report["same"] = torch.allclose(out.double(), f(x).double(), atol=1e-4)
 report["frames"] = counter.frame_count
-print("REPORT" + json.dumps(report))
+# Imported last: what this process imported is what it reports.
+from torch.testing._internal.fresh_process import write_report
+write_report(report)
 """
 
 RULE_MAP_AGREES = """
@@ -323,7 +328,9 @@ report = {
     "all_is_polyfilled": rule_map.get(builtins.all)
     is torch._dynamo.variables.PolyfilledFunctionVariable,
 }
-print("REPORT" + json.dumps(report))
+# Imported last: what this process imported is what it reports.
+from torch.testing._internal.fresh_process import write_report
+write_report(report)
 """
 
 
@@ -350,7 +357,9 @@ report["same_function"] = torch._dynamo.reset_code_state is pgo.reset_code_state
 report["state_before"] = pgo._CODE_STATE is not None
 torch._dynamo.reset()
 report["state_after"] = pgo._CODE_STATE is not None
-print("REPORT" + json.dumps(report))
+# Imported last: what this process imported is what it reports.
+from torch.testing._internal.fresh_process import write_report
+write_report(report)
 """
 
 TRITON_DTYPE = """
@@ -376,7 +385,9 @@ outs.append(add_by_dtype(torch.ones(1)).item())
 report["outs"] = outs
 report["graphs"] = counter.frame_count
 report["is_constant_type"] = tl.dtype in torch._dynamo.utils.common_constant_types
-print("REPORT" + json.dumps(report))
+# Imported last: what this process imported is what it reports.
+from torch.testing._internal.fresh_process import write_report
+write_report(report)
 """
 
 
@@ -391,21 +402,13 @@ class TestLoadImports(torch._dynamo.test_case.TestCase):
         super().tearDown()
 
     def run_fresh(self, script, *args):
-        env = {
-            **os.environ,
-            "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(dir=self.tmp, prefix="empty-cache-"),
-        }
-        proc = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(script), *args],
-            capture_output=True,
-            text=True,
-            env=env,
+        return run_code(
+            textwrap.dedent(script),
+            *args,
             cwd=self.tmp,  # not the repo: a wheel run must not import torch_overlay
+            pythonpath=[self.tmp],  # load_imports_model
+            fresh_inductor_cache=True,
         )
-        if proc.returncode != 0:
-            self.fail(f"process failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-        reports = [l for l in proc.stdout.splitlines() if l.startswith("REPORT")]
-        return json.loads(reports[-1][len("REPORT") :]) if reports else None
 
     def check_loads_only_the_runtime(self, kind):
         artifact = str(self.tmp / f"saved-{kind}")
