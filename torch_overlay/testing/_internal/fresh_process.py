@@ -23,7 +23,8 @@ Provides :func:`run_code` and :func:`run_script` (run a child to the end and
 return its report, or raise ``AssertionError`` with its exit code and stderr
 tail), :func:`start_code` and :func:`start_script` (start a child and return a
 :class:`FreshProcess`, for children that run concurrently or are expected to
-fail), :func:`write_report` (the child's side), :func:`fresh_env` (the
+fail), :func:`reports` (the reports of children run side by side),
+:func:`write_report` (the child's side), :func:`fresh_env` (the
 environment, for launchers that start processes themselves), and
 :data:`REPORT_PATH_ENV`, :data:`DEFAULT_TIMEOUT_S`.
 """
@@ -54,6 +55,7 @@ __all__ = [
     "Finished",
     "FreshProcess",
     "fresh_env",
+    "reports",
     "run_code",
     "run_script",
     "start_code",
@@ -164,8 +166,18 @@ class Finished:
     reported: bool
     report: Any
 
+    @property
+    def ok(self) -> bool:
+        """Whether the child passed: exited 0 having written its report."""
+        return not self.timed_out and self.returncode == 0 and self.reported
+
     def describe(self) -> str:
-        how = "timed out and was killed" if self.timed_out else f"exited with {self.returncode}"
+        if self.timed_out:
+            how = "timed out and was killed"
+        elif self.returncode == 0 and not self.reported:
+            how = f"exited 0 without writing its report ({REPORT_PATH_ENV})"
+        else:
+            how = f"exited with {self.returncode}"
         shown = list(self.command)
         if "-c" in shown:
             shown[shown.index("-c") + 1] = "<code>"
@@ -249,13 +261,8 @@ class FreshProcess:
     def report(self) -> Any:
         """The child's report; raises AssertionError unless it exited 0 having written one."""
         done = self.finish()
-        if done.timed_out or done.returncode != 0:
+        if not done.ok:
             raise AssertionError(done.describe())
-        if not done.reported:
-            raise AssertionError(
-                f"fresh process exited 0 without writing its report ({REPORT_PATH_ENV})\n"
-                + done.describe()
-            )
         return done.report
 
     def failure(self) -> Finished:
@@ -340,6 +347,23 @@ def run_script(script: str | os.PathLike[str], *argv: str | os.PathLike[str], **
     """Runs ``script`` in a fresh interpreter to its end and returns its report;
     as :func:`run_code`."""
     return start_script(script, *argv, **options).report()
+
+
+def reports(processes: Sequence[FreshProcess]) -> list[Any]:
+    """The reports of children that run side by side (ranks, concurrent loaders).
+
+    Waits for all of them first, then raises one AssertionError describing every
+    child that failed, timed out or wrote no report, so that a failure of one
+    shows what the others were doing.
+    """
+    finished = [p.finish() for p in processes]
+    failed = [(i, done) for i, done in enumerate(finished) if not done.ok]
+    if failed:
+        raise AssertionError(
+            f"{len(failed)} of {len(finished)} fresh processes failed\n"
+            + "\n".join(f"=== process {i}: {done.describe()}" for i, done in failed)
+        )
+    return [done.report for done in finished]
 
 
 def _kill_group(proc: subprocess.Popen[str], even_if_exited: bool = False) -> None:
