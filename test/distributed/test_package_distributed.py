@@ -11,13 +11,13 @@ compared, on every rank, with the same model run eagerly under the same
 wrapper (DDP or fully_shard).
 """
 
+import contextlib
 import copy
 import datetime
 import faulthandler
 import json
 import os
 import stat
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -27,6 +27,7 @@ import torch
 import torch._dynamo.test_case
 import torch.distributed as dist
 from torch.testing._internal.common_utils import instantiate_parametrized_tests
+from torch.testing._internal.fresh_process import reports, start_script, write_report
 
 
 WORLD_SIZE = 2
@@ -209,7 +210,7 @@ def _worker_main(argv: list[str]) -> None:
     # thread's stack and exits, so a hang says where it is.
     faulthandler.dump_traceback_later(PHASE_TIMEOUT_S - 20, exit=True)
     result = _WORKERS[args["case"]](args)
-    Path(args["out"]).write_text(json.dumps(result))
+    write_report(result)
     # Every worker ends on a barrier, so its result is final here. The rank then
     # leaves without tearing gloo down: destroy_process_group() after that barrier
     # hung one rank of a CI run for minutes (a known gloo teardown hang,
@@ -226,53 +227,30 @@ def _worker_main(argv: list[str]) -> None:
 def _run_ranks(case: str, phase: str, workdir: Path, **args) -> list[dict]:
     """Run ``case``'s ``phase`` on WORLD_SIZE fresh processes; their results."""
     store = Path(tempfile.mkdtemp(dir=workdir)) / "store"
+    # The ranks of one phase share an empty inductor cache.
     cache = tempfile.mkdtemp(dir=workdir, prefix="inductor_cache_")
     # One compile thread: Inductor's parallel compile forks workers, and a fork
     # after gloo has started its threads can deadlock the child.
     env = {
-        **os.environ,
         "TORCHINDUCTOR_CACHE_DIR": cache,
         "OMP_NUM_THREADS": "1",
         "TORCHINDUCTOR_COMPILE_THREADS": "1",
     }
-    procs, outs = [], []
-    for rank in range(WORLD_SIZE):
-        out = workdir / f"{case}_{phase}_{rank}.json"
-        outs.append(out)
-        worker_args = {
-            "case": case, "phase": phase, "rank": rank, "store": str(store),
-            "out": str(out), **args,
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, __file__, "--worker", json.dumps(worker_args)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
+    with contextlib.ExitStack() as ranks:
+        procs = [
+            ranks.enter_context(
+                start_script(
+                    __file__,
+                    "--worker",
+                    json.dumps({"case": case, "phase": phase, "rank": rank, "store": str(store), **args}),
+                    env=env,
+                    timeout=PHASE_TIMEOUT_S,
+                )
             )
-        )
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=PHASE_TIMEOUT_S)[0])
-    except subprocess.TimeoutExpired as e:
-        for proc in procs:
-            proc.kill()
-        outputs = [proc.communicate()[0] for proc in procs]
-        raise AssertionError(
-            f"{case} {phase}: a rank did not finish in {PHASE_TIMEOUT_S} s; their output:\n"
-            + "\n".join(f"--- rank {r}:\n{(o or '')[-4000:]}" for r, o in enumerate(outputs))
-        ) from e
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for rank, (proc, log) in enumerate(zip(procs, logs)):
-        if proc.returncode != 0:
-            raise AssertionError(f"{case} {phase}: rank {rank} failed:\n{log[-6000:]}")
-    return [json.loads(out.read_text()) for out in outs]
+            for rank in range(WORLD_SIZE)
+        ]
+        # Process i is rank i; every failed rank's output is in the error.
+        return reports(procs)
 
 
 def _read_only_tree(root: Path) -> None:
