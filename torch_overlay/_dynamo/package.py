@@ -2271,7 +2271,7 @@ class SystemInfo:
                 )
 
 
-_GRAPH_PREFIX, _GRAPH_SUFFIX = "graphs/", ".bin"
+from .package_format import GRAPH_PREFIX as _GRAPH_PREFIX, GRAPH_SUFFIX as _GRAPH_SUFFIX
 
 
 @functools.lru_cache(maxsize=1024)

@@ -69,9 +69,7 @@ log = logging.getLogger(__name__)
 
 # 2: resume entries are keyed by a fingerprint of their code, modules compiled
 # through the inline wrapper by their class (NOTE: [Keys of package entries]).
-PACKAGE_FORMAT_VERSION = 2
-MANIFEST = "manifest.json"
-_DYNAMO_FILE = "dynamo.bin"
+from .package_format import DYNAMO_FILE as _DYNAMO_FILE, MANIFEST, PACKAGE_FORMAT_VERSION
 
 
 # ---------------------------------------------------------------------------

@@ -18,7 +18,9 @@ package_storage.py):
 """
 
 # The manifest's format_version: a package of another version is refused, not
-# read as this one.
+# read as this one. 2: resume entries are keyed by a fingerprint of their code,
+# modules compiled through the inline wrapper by their class (NOTE: [Keys of
+# package entries] in torch/_dynamo/package.py).
 PACKAGE_FORMAT_VERSION = 2
 
 MANIFEST = "manifest.json"
