@@ -46,7 +46,6 @@ from torch._dynamo.exc import PackageError
 from .package_artifacts import (
     _aot_config_fields,
     _CUSTOM_BACKEND,
-    _DYNAMO_FILE,
     _environment,
     _GraphRecord,
     _KernelRedirect,
@@ -62,10 +61,18 @@ from .package_artifacts import (
     guard_filter_manifest_fields,
     load_code,
     overlay_series_hash,
-    PACKAGE_FORMAT_VERSION,
     serialize_graph,
 )
 from .package_artifacts import SerializedCode  # noqa: F401 (upstream's name)
+from .package_format import (
+    DYNAMO_FILE as _DYNAMO_FILE,
+    GRAPH_PREFIX as _GRAPH_PREFIX,
+    GRAPH_SUFFIX as _GRAPH_SUFFIX,
+    KERNEL_PREFIX as _KERNEL_PREFIX,
+    KERNEL_SUFFIX as _KERNEL_SUFFIX,
+    PACKAGE_FORMAT_VERSION,
+    SIGNATURE_FILE,
+)
 from .package_trust import (
     check_files,
     check_manifest_schema,
@@ -74,7 +81,6 @@ from .package_trust import (
     prepare_signing_key,
     read_package,
     sign_manifest,
-    SIGNATURE_FILE,
 )
 
 
@@ -823,7 +829,7 @@ def _check_package_contents(entries: list[_Entry], files: dict[str, bytes], path
             raise PackageError(f"package {path}: {name[:80]!r} is not a file a package holds")
     for entry in entries:
         for name, ref in entry.globals.items():
-            if ref[0] == "graph" and f"graphs/{ref[1]}.bin" not in files:
+            if ref[0] == "graph" and f"{_GRAPH_PREFIX}{ref[1]}{_GRAPH_SUFFIX}" not in files:
                 raise PackageError(
                     f"package {path}: the entry of {_describe_key(entry.code_key)} calls graph "
                     f"{ref[1][:80]!r} (global {name}), which the package does not hold"
@@ -1445,7 +1451,7 @@ class CompilePackage:
         kernels: dict[str, bytes] = dict(self._loaded_kernels)
         for artifact in sorted(graphs_needed):
             if artifact in self._loaded_graph_blobs:
-                files[f"graphs/{artifact}.bin"] = self._loaded_graph_blobs[artifact]
+                files[f"{_GRAPH_PREFIX}{artifact}{_GRAPH_SUFFIX}"] = self._loaded_graph_blobs[artifact]
                 continue
             record = self._graph_records[artifact]
             refused = _refused_option(record)
@@ -1457,7 +1463,7 @@ class CompilePackage:
             except PackageError as e:
                 failed[artifact] = str(e)
                 continue
-            files[f"graphs/{artifact}.bin"] = blob
+            files[f"{_GRAPH_PREFIX}{artifact}{_GRAPH_SUFFIX}"] = blob
             kernels.update(graph_kernels)
         kept = []
         for entry in self.entries:
@@ -1474,9 +1480,9 @@ class CompilePackage:
             ref[1] for entry in kept for ref in entry.globals.values() if ref[0] == "graph"
         }
         for artifact in graphs_needed - graphs_kept:
-            files.pop(f"graphs/{artifact}.bin", None)
+            files.pop(f"{_GRAPH_PREFIX}{artifact}{_GRAPH_SUFFIX}", None)
         for h, data in kernels.items():
-            files[f"kernels/{h}.so"] = data
+            files[f"{_KERNEL_PREFIX}{h}{_KERNEL_SUFFIX}"] = data
         files[_DYNAMO_FILE] = pickle.dumps(
             [dataclasses.astuple(e) for e in kept], protocol=pickle.HIGHEST_PROTOCOL
         )
@@ -1650,9 +1656,9 @@ class CompilePackage:
         unpickled = time.perf_counter()
         self._loaded_devices |= set(manifest.get("device", "cpu").split(","))
         self._loaded_frozen = self._loaded_frozen or bool(manifest.get("frozen"))
-        self._loaded_kernels.update({h: files[f"kernels/{h}.so"] for h in kernel_paths})
+        self._loaded_kernels.update({h: files[f"{_KERNEL_PREFIX}{h}{_KERNEL_SUFFIX}"] for h in kernel_paths})
         self._loaded_graph_blobs.update(
-            {name[len("graphs/") : -len(".bin")]: files[name] for name in files if name.startswith("graphs/")}
+            {name[len(_GRAPH_PREFIX) : -len(_GRAPH_SUFFIX)]: files[name] for name in files if name.startswith(_GRAPH_PREFIX)}
         )
         self._entries_from_packages |= {id(entry) for entry in entries}
         self.source_info.inlined_sources |= saved_sources.inlined_sources
@@ -1695,8 +1701,8 @@ class CompilePackage:
         graphs = {}
         checks_at_call = self.frozen_checks_at_call
         for name, data in files.items():
-            if name.startswith("graphs/"):
-                artifact = name[len("graphs/") : -len(".bin")]
+            if name.startswith(_GRAPH_PREFIX):
+                artifact = name[len(_GRAPH_PREFIX) : -len(_GRAPH_SUFFIX)]
                 try:
                     graphs[artifact] = deserialize_graph(data, redirect, artifact)
                 except PackageError as e:
@@ -2270,8 +2276,6 @@ class SystemInfo:
                     f"current={other.gpu_name}"
                 )
 
-
-from .package_format import GRAPH_PREFIX as _GRAPH_PREFIX, GRAPH_SUFFIX as _GRAPH_SUFFIX
 
 
 @functools.lru_cache(maxsize=1024)

@@ -62,14 +62,16 @@ import torch
 from torch._dynamo.exc import PackageError
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .package_format import (
+    DYNAMO_FILE as _DYNAMO_FILE,
+    MANIFEST,
+    PACKAGE_FORMAT_VERSION,
+    SIGNATURE_FILE,
+)
 from .package_trust import load_graph_pickle, load_inductor_payload
 
 
 log = logging.getLogger(__name__)
-
-# 2: resume entries are keyed by a fingerprint of their code, modules compiled
-# through the inline wrapper by their class (NOTE: [Keys of package entries]).
-from .package_format import DYNAMO_FILE as _DYNAMO_FILE, MANIFEST, PACKAGE_FORMAT_VERSION
 
 
 # ---------------------------------------------------------------------------
@@ -1599,7 +1601,6 @@ def read_manifest(path: Path) -> dict:
         MAX_SIGNATURE_BYTES,
         parse_manifest,
         read_confined,
-        SIGNATURE_FILE,
         verify_manifest,
     )
 
@@ -1729,7 +1730,7 @@ def check_manifest(manifest, path) -> dict:
 def write_archive(fileobj, files: dict[str, bytes], manifest: dict) -> None:
     """The package format in one file: an uncompressed zip of the same files, and
     the manifest's signature when config.package_signing_key is set."""
-    from .package_trust import manifest_bytes, sign_manifest, SIGNATURE_FILE, write_signed_archive
+    from .package_trust import manifest_bytes, sign_manifest, write_signed_archive
 
     raw = manifest_bytes(manifest)
     files = {name: data for name, data in files.items() if name != SIGNATURE_FILE}
