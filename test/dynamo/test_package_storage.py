@@ -26,6 +26,7 @@ import torch
 import torch._dynamo.test_case
 from torch._dynamo.exc import PackageError
 from torch._dynamo.package_format import DYNAMO_FILE, GRAPH_PREFIX, MANIFEST
+from torch.testing._internal.fresh_process import FreshProcess, reports, start_script, write_report
 
 
 PACKAGE = "storage_pkg"
@@ -77,30 +78,12 @@ def _worker(args: dict) -> dict:
     return {"hit": True, "load_s": load_s}
 
 
-def _start_worker(env=None, **args) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, __file__, "--worker", json.dumps(args)],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _result(proc: subprocess.Popen) -> dict:
-    try:
-        out, err = proc.communicate(timeout=WORKER_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    if proc.returncode != 0:
-        raise AssertionError(f"worker failed ({proc.returncode}):\n{err[-6000:]}")
-    return json.loads(out.strip().splitlines()[-1])
+def _start_worker(env=None, **args) -> FreshProcess:
+    return start_script(__file__, "--worker", json.dumps(args), env=env, timeout=WORKER_TIMEOUT_S)
 
 
 def _run_worker(env=None, **args) -> dict:
-    return _result(_start_worker(env, **args))
+    return _start_worker(env, **args).report()
 
 
 # ---------------------------------------------------------------------------
@@ -313,7 +296,7 @@ class TestSharedPackages(_TmpDirTestCase):
             self.assertLess(time.monotonic(), deadline)
             time.sleep(0.05)
         go.touch()
-        results = [_result(p) for p in procs]
+        results = reports(procs)
         self.assertTrue(all(r.get("hit") for r in results), results)
 
     def _package_files(self, version: int) -> tuple[dict, dict]:
@@ -405,7 +388,7 @@ class TestSharedPackages(_TmpDirTestCase):
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":
-        print(json.dumps(_worker(json.loads(sys.argv[2]))))
+        write_report(_worker(json.loads(sys.argv[2])))
     else:
         from torch._dynamo.test_case import run_tests
 
