@@ -30,6 +30,7 @@ from torch._dynamo.package_trust import (
     read_confined,
 )
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
+from torch.testing._internal.fresh_process import run_code
 
 
 MODEL = """
@@ -58,7 +59,8 @@ for name, signing_key in (("unsigned", None), ("signed", key)):
         with torch._dynamo.config.patch(enable_aot_compile=True):
             fn = torch.compile(trust_model.f, fullgraph=True, backend="eager").aot_compile(((x, x), {}))
             fn.save_compiled_function(f"{out}/{name}.pt")
-print("SAVED")
+from torch.testing._internal.fresh_process import write_report
+write_report("saved")
 """
 
 # One fresh process loads every case of a test: each with its own config, after
@@ -67,6 +69,7 @@ LOAD = """
 import json
 import sys
 import torch
+from torch.testing._internal.fresh_process import write_report
 
 out = sys.argv[1]
 sys.path.insert(0, out)
@@ -90,7 +93,7 @@ for case in json.loads(sys.argv[2]):
         reports.append({"ok": bool(torch.equal(result, expected))})
     except Exception as e:
         reports.append({"error": type(e).__name__, "message": str(e)[:500]})
-print("REPORT" + json.dumps(reports))
+write_report(reports)
 """
 
 # Saves and loads without signatures (trusted keys configured, none required):
@@ -116,7 +119,9 @@ with torch._dynamo.config.patch(package_trusted_keys=[public], package_require_s
         with torch.compiler.set_stance("fail_on_recompile"):
             assert torch.equal(loaded(x, x), expected)
     assert torch.equal(torch.compiler.load_compiled_function(f"{out}/unsigned.pt")(x, x), expected)
-print("IMPORTED", sorted(m for m in sys.modules if m.partition(".")[0] == "cryptography"))
+imported = sorted(m for m in sys.modules if m.partition(".")[0] == "cryptography")
+from torch.testing._internal.fresh_process import write_report
+write_report(imported)
 """
 
 
@@ -153,14 +158,13 @@ class PackageTrustTests(torch._dynamo.test_case.TestCase):
         cls.key, cls.public = _write_keys(cls.root, "signer")
         cls.other_key, cls.other_public = _write_keys(cls.root, "other")
         (cls.root / "trust_model.py").write_text(MODEL)
-        proc = subprocess.run(
-            [sys.executable, "-c", SAVE, str(cls.root), cls.key],
-            capture_output=True,
-            text=True,
+        run_code(
+            SAVE,
+            cls.root,
+            cls.key,
             cwd=cls.root,
-            env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cls.root / "save-cache")},
+            env={"TORCHINDUCTOR_CACHE_DIR": str(cls.root / "save-cache")},
         )
-        assert "SAVED" in proc.stdout, proc.stderr[-4000:]
 
     @classmethod
     def tearDownClass(cls):
@@ -178,17 +182,9 @@ class PackageTrustTests(torch._dynamo.test_case.TestCase):
 
     def load(self, cases: list[tuple[Path, dict]]) -> list[dict]:
         payload = json.dumps([{"path": str(p), "config": c} for p, c in cases])
-        proc = subprocess.run(
-            [sys.executable, "-c", LOAD, str(self.root), payload],
-            capture_output=True,
-            text=True,
-            cwd=self.root,
-            timeout=300,
-            env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(dir=self.root)},
+        return run_code(
+            LOAD, self.root, payload, cwd=self.root, timeout=300, fresh_inductor_cache=True
         )
-        reports = [line for line in proc.stdout.splitlines() if line.startswith("REPORT")]
-        self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
-        return json.loads(reports[-1][len("REPORT") :])
 
     def trusted(self, *keys, require=True) -> dict:
         return {"package_trusted_keys": list(keys), "package_require_signature": require}
@@ -249,17 +245,17 @@ class PackageTrustTests(torch._dynamo.test_case.TestCase):
 
     def test_unsigned_packages_do_not_import_cryptography(self):
         # NOTE: [Ed25519 through cryptography]: only a signature imports it.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_COMPILE_PACKAGE_")}
-        proc = subprocess.run(
-            [sys.executable, "-c", UNSIGNED_ONLY, str(self.root), self.public],
-            capture_output=True,
-            text=True,
+        unset = {k: None for k in os.environ if k.startswith("TORCH_COMPILE_PACKAGE_")}
+        imported = run_code(
+            UNSIGNED_ONLY,
+            self.root,
+            self.public,
             cwd=self.root,
             timeout=300,
-            env={**env, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(dir=self.root)},
+            env=unset,
+            fresh_inductor_cache=True,
         )
-        self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
-        self.assertIn("IMPORTED []", proc.stdout.splitlines(), proc.stdout[-2000:])
+        self.assertEqual(imported, [])
 
     def test_tampered_file_with_fixed_sha256(self):
         # A graph changed after signing, its sha256 fixed in the manifest: the
