@@ -73,6 +73,7 @@ from typing import Any, Optional
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+HARNESS_PATH = Path(__file__).resolve().parent / "harness_path"
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = REPO_ROOT / "build" / "diff-upstream"
 EXPECTED_DIFFERENCES = HERE / "guard_probe_expected_differences.json"
@@ -146,6 +147,12 @@ def process_env(environment: Environment) -> dict:
             env[key] = value
     # A stale cache of pytest or Python bytecode must not decide anything.
     env.pop("PYTEST_ADDOPTS", None)
+    if environment.label in ("stock-2.7.1", "upstream-2.13"):
+        # The suite's fresh-process harness, which only our torch ships
+        # (harness_path/sitecustomize.py says why and how).
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(HARNESS_PATH), env.get("PYTHONPATH")) if p
+        )
     return env
 
 
