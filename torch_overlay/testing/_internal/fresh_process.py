@@ -198,11 +198,11 @@ class FreshProcess:
         self,
         command: list[str],
         *,
-        cwd: str | os.PathLike[str] | None,
-        env: Mapping[str, str | None] | None,
-        pythonpath: Sequence[str | os.PathLike[str]],
-        fresh_inductor_cache: bool,
-        timeout: float | None,
+        cwd: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str | None] | None = None,
+        pythonpath: Sequence[str | os.PathLike[str]] = (),
+        fresh_inductor_cache: bool = False,
+        timeout: float | None = None,
     ) -> None:
         self.command = command
         self.timeout = DEFAULT_TIMEOUT_S if timeout is None else timeout
@@ -290,47 +290,21 @@ def _python() -> list[str]:
     return [sys.executable, "-P"] if sys.flags.safe_path else [sys.executable]
 
 
-def start_code(
-    code: str,
-    *argv: str | os.PathLike[str],
-    cwd: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str | None] | None = None,
-    pythonpath: Sequence[str | os.PathLike[str]] = (),
-    fresh_inductor_cache: bool = False,
-    timeout: float | None = None,
-) -> FreshProcess:
+def start_code(code: str, *argv: str | os.PathLike[str], **options: Any) -> FreshProcess:
     """Starts ``python -c code argv...`` in a fresh interpreter (NOTE: [Fresh-process
-    tests]); ``sys.argv[1:]`` is ``argv`` there."""
-    command = [*_python(), "-c", code, *(os.fspath(a) for a in argv)]
-    return FreshProcess(
-        command,
-        cwd=cwd,
-        env=env,
-        pythonpath=pythonpath,
-        fresh_inductor_cache=fresh_inductor_cache,
-        timeout=timeout,
-    )
+    tests]); ``sys.argv[1:]`` is ``argv`` there. ``options`` are FreshProcess's:
+    cwd, env, pythonpath, fresh_inductor_cache, timeout."""
+    return FreshProcess([*_python(), "-c", code, *(os.fspath(a) for a in argv)], **options)
 
 
 def start_script(
-    script: str | os.PathLike[str],
-    *argv: str | os.PathLike[str],
-    cwd: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str | None] | None = None,
-    pythonpath: Sequence[str | os.PathLike[str]] = (),
-    fresh_inductor_cache: bool = False,
-    timeout: float | None = None,
+    script: str | os.PathLike[str], *argv: str | os.PathLike[str], **options: Any
 ) -> FreshProcess:
     """Starts ``python script argv...`` in a fresh interpreter (NOTE: [Fresh-process
-    tests]). Without ``-P`` the script's directory is on its sys.path, as usual."""
-    command = [*_python(), os.fspath(script), *(os.fspath(a) for a in argv)]
+    tests]), with :func:`start_code`'s options. Without ``-P`` the script's
+    directory is on its sys.path, as usual."""
     return FreshProcess(
-        command,
-        cwd=cwd,
-        env=env,
-        pythonpath=pythonpath,
-        fresh_inductor_cache=fresh_inductor_cache,
-        timeout=timeout,
+        [*_python(), os.fspath(script), *(os.fspath(a) for a in argv)], **options
     )
 
 
