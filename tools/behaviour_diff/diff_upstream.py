@@ -1063,7 +1063,8 @@ def environment_notes(infos: dict) -> list[str]:
             "wheel column is missing."
         )
     if wheel.get("status") == "ok" and overlay.get("series_hash"):
-        built_from = wheel["torch"].partition("+overlay.")[2]
+        # 2.7.1+overlay.<YYYYMMDD>.<series hash>: the hash is the last part.
+        built_from = wheel["torch"].partition("+overlay.")[2].rpartition(".")[2]
         if built_from != overlay["series_hash"]:
             notes.append(
                 f"The patched wheel is STALE: built from series {built_from or '?'}, the "
