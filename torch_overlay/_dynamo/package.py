@@ -66,10 +66,9 @@ from .package_artifacts import (
 from .package_artifacts import SerializedCode  # noqa: F401 (upstream's name)
 from .package_format import (
     DYNAMO_FILE as _DYNAMO_FILE,
-    GRAPH_PREFIX as _GRAPH_PREFIX,
-    GRAPH_SUFFIX as _GRAPH_SUFFIX,
-    KERNEL_PREFIX as _KERNEL_PREFIX,
-    KERNEL_SUFFIX as _KERNEL_SUFFIX,
+    graph_file,
+    graph_name,
+    kernel_file,
     PACKAGE_FORMAT_VERSION,
     SIGNATURE_FILE,
 )
@@ -829,7 +828,7 @@ def _check_package_contents(entries: list[_Entry], files: dict[str, bytes], path
             raise PackageError(f"package {path}: {name[:80]!r} is not a file a package holds")
     for entry in entries:
         for name, ref in entry.globals.items():
-            if ref[0] == "graph" and f"{_GRAPH_PREFIX}{ref[1]}{_GRAPH_SUFFIX}" not in files:
+            if ref[0] == "graph" and graph_file(ref[1]) not in files:
                 raise PackageError(
                     f"package {path}: the entry of {_describe_key(entry.code_key)} calls graph "
                     f"{ref[1][:80]!r} (global {name}), which the package does not hold"
@@ -1451,7 +1450,7 @@ class CompilePackage:
         kernels: dict[str, bytes] = dict(self._loaded_kernels)
         for artifact in sorted(graphs_needed):
             if artifact in self._loaded_graph_blobs:
-                files[f"{_GRAPH_PREFIX}{artifact}{_GRAPH_SUFFIX}"] = self._loaded_graph_blobs[artifact]
+                files[graph_file(artifact)] = self._loaded_graph_blobs[artifact]
                 continue
             record = self._graph_records[artifact]
             refused = _refused_option(record)
@@ -1463,7 +1462,7 @@ class CompilePackage:
             except PackageError as e:
                 failed[artifact] = str(e)
                 continue
-            files[f"{_GRAPH_PREFIX}{artifact}{_GRAPH_SUFFIX}"] = blob
+            files[graph_file(artifact)] = blob
             kernels.update(graph_kernels)
         kept = []
         for entry in self.entries:
@@ -1480,9 +1479,9 @@ class CompilePackage:
             ref[1] for entry in kept for ref in entry.globals.values() if ref[0] == "graph"
         }
         for artifact in graphs_needed - graphs_kept:
-            files.pop(f"{_GRAPH_PREFIX}{artifact}{_GRAPH_SUFFIX}", None)
+            files.pop(graph_file(artifact), None)
         for h, data in kernels.items():
-            files[f"{_KERNEL_PREFIX}{h}{_KERNEL_SUFFIX}"] = data
+            files[kernel_file(h)] = data
         files[_DYNAMO_FILE] = pickle.dumps(
             [dataclasses.astuple(e) for e in kept], protocol=pickle.HIGHEST_PROTOCOL
         )
@@ -1656,9 +1655,9 @@ class CompilePackage:
         unpickled = time.perf_counter()
         self._loaded_devices |= set(manifest.get("device", "cpu").split(","))
         self._loaded_frozen = self._loaded_frozen or bool(manifest.get("frozen"))
-        self._loaded_kernels.update({h: files[f"{_KERNEL_PREFIX}{h}{_KERNEL_SUFFIX}"] for h in kernel_paths})
+        self._loaded_kernels.update({h: files[kernel_file(h)] for h in kernel_paths})
         self._loaded_graph_blobs.update(
-            {name[len(_GRAPH_PREFIX) : -len(_GRAPH_SUFFIX)]: files[name] for name in files if name.startswith(_GRAPH_PREFIX)}
+            {artifact: data for name, data in files.items() if (artifact := graph_name(name)) is not None}
         )
         self._entries_from_packages |= {id(entry) for entry in entries}
         self.source_info.inlined_sources |= saved_sources.inlined_sources
@@ -1701,8 +1700,8 @@ class CompilePackage:
         graphs = {}
         checks_at_call = self.frozen_checks_at_call
         for name, data in files.items():
-            if name.startswith(_GRAPH_PREFIX):
-                artifact = name[len(_GRAPH_PREFIX) : -len(_GRAPH_SUFFIX)]
+            artifact = graph_name(name)
+            if artifact is not None:
                 try:
                     graphs[artifact] = deserialize_graph(data, redirect, artifact)
                 except PackageError as e:
@@ -2446,8 +2445,9 @@ class _DynamoCacheEntry:
         files, manifest = package.collect_files()
         graphs, kept = {}, {}
         for name, data in files.items():
-            if name.startswith(_GRAPH_PREFIX) and name.endswith(_GRAPH_SUFFIX):
-                graphs[name[len(_GRAPH_PREFIX) : -len(_GRAPH_SUFFIX)]] = data
+            artifact = graph_name(name)
+            if artifact is not None:
+                graphs[artifact] = data
             elif name not in (SIGNATURE_FILE, _DYNAMO_FILE):
                 kept[name] = data
         collected = _codes_of_entries(_read_entries(files, package.path or "<package>"), package._root_qualnames())
@@ -2533,7 +2533,7 @@ class PrecompileCacheEntry:
             artifact = self.backends[backend_id]
             if not isinstance(artifact, BackendCacheArtifact):
                 raise PackageError(f"backend {backend_id} is a {type(artifact).__name__}, not a BackendCacheArtifact")
-            files[f"{_GRAPH_PREFIX}{backend_id}{_GRAPH_SUFFIX}"] = artifact.package_bytes()
+            files[graph_file(backend_id)] = artifact.package_bytes()
         manifest = dict(self.dynamo.manifest)
         manifest.update(
             {
@@ -2558,8 +2558,8 @@ class PrecompileCacheEntry:
 
         dynamo_files, backends = {}, {}
         for name, data in files.items():
-            if name.startswith(_GRAPH_PREFIX) and name.endswith(_GRAPH_SUFFIX):
-                backend_id = name[len(_GRAPH_PREFIX) : -len(_GRAPH_SUFFIX)]
+            backend_id = graph_name(name)
+            if backend_id is not None:
                 backends[backend_id] = PackageGraphArtifact(key=backend_id, content=data)
             elif name not in (SIGNATURE_FILE, _DYNAMO_FILE):
                 dynamo_files[name] = data

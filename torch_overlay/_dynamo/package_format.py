@@ -14,8 +14,12 @@ package_storage.py):
 * :data:`DYNAMO_FILE`: the pickled list of Dynamo entries;
 * :data:`GRAPH_PREFIX` / :data:`GRAPH_SUFFIX` and :data:`KERNEL_PREFIX` /
   :data:`KERNEL_SUFFIX`: where a graph's bytes and a CPU kernel's shared
-  object are, by artifact name and by the sha256 of the kernel's bytes.
+  object are, by artifact name and by the sha256 of the kernel's bytes;
+  :func:`graph_file`, :func:`graph_name` and :func:`kernel_file` spell and read
+  those file names.
 """
+
+from typing import Optional
 
 # The manifest's format_version: a package of another version is refused, not
 # read as this one. 2: resume entries are keyed by a fingerprint of their code,
@@ -31,3 +35,20 @@ SIGNATURE_FORMAT = 1
 DYNAMO_FILE = "dynamo.bin"
 GRAPH_PREFIX, GRAPH_SUFFIX = "graphs/", ".bin"
 KERNEL_PREFIX, KERNEL_SUFFIX = "kernels/", ".so"
+
+
+def graph_file(name: str) -> str:
+    """The package file of the graph artifact ``name``."""
+    return f"{GRAPH_PREFIX}{name}{GRAPH_SUFFIX}"
+
+
+def graph_name(file: str) -> Optional[str]:
+    """The graph artifact a package file holds, or None for any other file."""
+    if file.startswith(GRAPH_PREFIX) and file.endswith(GRAPH_SUFFIX):
+        return file[len(GRAPH_PREFIX) : -len(GRAPH_SUFFIX)]
+    return None
+
+
+def kernel_file(digest: str) -> str:
+    """The package file of the CPU kernel whose hash is ``digest``."""
+    return f"{KERNEL_PREFIX}{digest}{KERNEL_SUFFIX}"
