@@ -198,8 +198,9 @@ def _recording(package: Optional[CompilePackage]):
 # The guards decide what a package holds: an entry joins a package only after
 # its guards accepted a frame run by that package's model, so models whose
 # weights or configs differ in what the guards read keep their own entries.
-# Cost: one Python call per frame served from a package's entry, a few hundred
-# ns against the guards' own microseconds. Not adopted: entries compiled without
+# Cost per call: one push and pop on that stack (the same context object on
+# every call) and one Python call per frame served from a package's entry;
+# benchmarks/call_overhead.py measures both. Not adopted: entries compiled without
 # a package (they have no saved guards), and frozen graphs (their constants are
 # the other model's weights).
 _packages_by_uid: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -207,19 +208,23 @@ _packages_by_uid: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 class _RunningPackage:
     """Marks the package of the torch.compile()'d callable this thread is in
-    (NOTE: [Entries a package's model uses]), around the backend's own context."""
+    (NOTE: [Entries a package's model uses]), around the backend's own context.
 
-    __slots__ = ("uid", "inner")
+    Its state is the thread's stack, so a backend whose inner backend has no
+    context of its own hands Dynamo the same instance on every call (nested and
+    concurrent calls included) instead of building one per call."""
 
-    def __init__(self, uid: Optional[str], inner_ctor: Optional[Callable]) -> None:
-        self.uid = uid
-        self.inner = inner_ctor() if inner_ctor is not None else None
+    __slots__ = ("backend", "inner")
+
+    def __init__(self, backend: RecordingBackend, inner: Optional[Any]) -> None:
+        self.backend = backend
+        self.inner = inner
 
     def __enter__(self):
         stack = getattr(_tls, "running", None)
         if stack is None:
             stack = _tls.running = []
-        stack.append(self.uid)
+        stack.append(self.backend.package_uid)
         if self.inner is not None:
             self.inner.__enter__()
 
@@ -555,10 +560,13 @@ class RecordingBackend:
         # callable: the package says there that its model is running (NOTE:
         # [Entries a package's model uses]), around the backend's own context.
         self._inner_ctx_ctor = getattr(backend, "backend_ctx_ctor", None)
+        self._running = _RunningPackage(self, None)
         self.package_uid: Optional[str] = None
 
     def backend_ctx_ctor(self):
-        return _RunningPackage(self.package_uid, self._inner_ctx_ctor)
+        if self._inner_ctx_ctor is None:
+            return self._running
+        return _RunningPackage(self, self._inner_ctx_ctor())
 
     def __call__(self, gm, example_inputs, **kwargs):
         # A graph for a package: the save that follows signs it with this key
