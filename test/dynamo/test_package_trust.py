@@ -303,6 +303,11 @@ class PackageTrustTests(torch._dynamo.test_case.TestCase):
         self.assertTrue(info["signed"])
         self.assertIsNone(info["signer_verified"])
         self.assertEqual(len(info["entries"]), 1)
+        # Each guard is "<source>: <guard type>", the type spelled as refusals
+        # and guard_filter_fn spell it.
+        guards = info["entries"][0]["guards"]
+        self.assertIn("L['x']: TENSOR_MATCH", guards)
+        self.assertIn("L['y']: TENSOR_MATCH", guards)
         # The signed copies load with the signature required.
         reports = self.load([(package, self.trusted(self.public)), (archive, self.trusted(self.public))])
         self.assertEqual(reports, [{"ok": True}, {"ok": True}])

@@ -1038,14 +1038,14 @@ def describe(path: Path) -> dict:
 
 
 def _describe_entry(fields) -> dict:
-    from torch._dynamo.guard_serialization import load_guards_state
+    from torch._dynamo.guard_serialization import guard_type_name, load_guards_state
 
     code_key, out_code, guards_state, global_module, globals_ = fields
     guards: list[str] = []
     if guards_state:
         state = load_guards_state(guards_state)
         for guard in getattr(state.output_graph, "guards", ()):
-            guards.append(f"{getattr(guard, 'name', '?')}: {getattr(guard.create_fn, '__name__', repr(guard.create_fn))}"[:200])
+            guards.append(f"{guard.name}: {guard_type_name(guard)}"[:200])
     return {
         "key": [str(k)[:200] for k in code_key],
         "module": str(global_module)[:200],
