@@ -23,55 +23,29 @@ from torch.utils._triton import has_triton_package
 
 
 # NOTE: [Compile-only modules]
-# Inductor's compiler: lowering and its mm templates, pattern matching and the
-# FX passes, the scheduler and codegen (whose C++ wrapper imports the hipify
-# tables), and compile_fx that drives them. Loading a package or an
-# aot_compile'd function runs the generated wrapper code and the kernels' .so
-# files, which need none of these (patches
-# inductor-torch.compile-s-Inductor-wrapper-reads-its-config-without-importing-compile_fx
-# and inductor-Generated-wrapper-code-imports-extern_kernels-and-align-from-runtime-modules).
-# Also what the compile side of Dynamo and AOTAutograd imported for one
-# feature each: networkx for one partitioner solver, torch.distributed.fsdp
-# to recognise one FSDP2 method while tracing (patches
-# functorch-The-partitioner-imports-networkx-only-for-the-dynamic_memory_budget_dp-solver
-# and dynamo-The-variable-trackers-look-FSDP2-up-instead-of-importing-it).
-# And sympy with torch.utils._sympy and symbolic_shapes, which shapes that
-# are static never need: Dynamo, AOTAutograd and Inductor's runtime import
-# them where they trace or compile, and `import torch._dynamo` no longer
-# builds the torch object rule map, whose names import symbolic_shapes,
-# torch.distributed.tensor and the rest (patches
-# dynamo-Dynamo-imports-symbolic_shapes-and-sympy-only-when-it-traces,
-# functorch-AOTAutograd-imports-symbolic_shapes-only-when-it-traces,
-# inductor-The-runtime-of-compiled-graphs-imports-sympy-only-when-Inductor-compiles
-# and dynamo-import-torch._dynamo-does-not-build-the-torch-object-rule-map).
-# And triton, which Dynamo's utils, the runtime's hints and its autotune cache
-# imported for Triton's sake only, and torch._dynamo.testing with the aot_eager
-# backend and AOTAutograd's compile side, which torch.compile() imported through
-# the debug wrapper's InputReader (patches
-# dynamo-import-torch._dynamo-imports-neither-triton-nor-torch._dynamo.testing and
-# inductor-The-runtime-of-compiled-graphs-imports-triton-only-for-Triton-kernels).
-# Nor does a load start Inductor's compile workers (patch
-# inductor-The-compile-workers-start-when-Inductor-compiles-not-when-compiled-code-is-load).
-# Nor Dynamo's tracer: symbolic_convert, output_graph and the variable
-# trackers (with the trace_wrapped custom op and torch.onnx, which they import),
-# which `import torch._dynamo` imported although a process that runs loaded
-# code only asks whether a frame is skipped (patch
-# dynamo-Dynamo-imports-its-tracer-only-when-it-compiles).
-# Nor torch.distributed.tensor, which the guard builder imported for every
-# EQUALS_MATCH guard (the test model's int attribute has one; patch
-# dynamo-EQUALS_MATCH-imports-DTensor-s-placement-types-only-for-a-value-that-may-be-one),
-# nor filelock and the multi-kernel code generator, which the Inductor runtime
-# and every generated wrapper's header imported (patch
-# inductor-Loading-compiled-code-imports-neither-filelock-nor-the-multi-kernel-code-genera).
-# Nor torch._numpy with numpy.random (Dynamo's NumPy interop tables), cProfile
-# and pstats, profile-guided code state (torch._dynamo.pgo) or replay
-# records, which `import torch._dynamo` imported for a compile or a debugging
-# mode (patch
-# dynamo-import-torch._dynamo-imports-neither-torch._numpy-nor-the-profiler-PGO-or-replay-).
-# All of this for a package of a module, of a plain function (whose
-# torch.compile() built the torch object rule map before patch
-# dynamo-torch.compile-of-a-plain-function-or-a-torch-nn-module-does-not-build-the-torch-o)
-# and for an aot_compile'd function.
+# Invariant: a process that loads a compile package (of a torch.nn.Module, of a
+# plain function, of a built-in torch module) or an aot_compile'd function, and
+# runs it, imports the runtime and nothing that only compiling needs. Loaded
+# code is the generated wrapper and the kernels' .so files; before a compile
+# starts, Dynamo is asked only whether a frame is skipped. So none of these is
+# imported by such a process:
+# - Inductor's compiler: compile_fx, lowering and its mm templates, pattern
+#   matching and the FX passes, the scheduler and codegen (with the hipify
+#   tables the C++ wrapper imports), the compile workers (not started either),
+#   the multi-kernel code generator, and filelock;
+# - Dynamo's tracer: symbolic_convert, output_graph and the variable trackers
+#   (with the trace_wrapped custom op and torch.onnx), the torch object rule map
+#   (whose names import symbolic_shapes, torch.distributed.tensor and the rest),
+#   torch._numpy with numpy.random, cProfile and pstats, profile-guided code
+#   state (torch._dynamo.pgo), replay records, torch._dynamo.testing;
+# - AOTAutograd's compile side, the aot_eager backend, networkx (one
+#   partitioner solver) and torch.distributed.fsdp (one FSDP2 method the
+#   tracer recognises);
+# - sympy, torch.utils._sympy and symbolic_shapes, which static shapes never
+#   need; torch.distributed.tensor (DTensor placements an EQUALS_MATCH guard
+#   might compare with); triton, for a package without Triton kernels.
+# The list below is what the tests check; a module joins it when a load stops
+# importing it, and a test that fails names the modules a load imported.
 COMPILE_ONLY_MODULES = [
     "torch._inductor.compile_fx",
     "torch._inductor.lowering",
