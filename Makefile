@@ -18,6 +18,7 @@ DIFF_ARGS ?=
 
 .PHONY: agree-overlay-wheel
 .PHONY: venv ext lint test test-overlay test-wheel wheel wheel-venv export export-check export-check-imports status edit refresh clean demo bench-guards bench-load bench-load-serving bench-calls bench-signing fuzz
+.PHONY: valgrind bench-call-instructions check-call-instructions
 
 # Other supported bases (a series in patches/v<BASE>/series; the overlay picks the
 # series of the installed torch): `make venv BASE=2.6.0` / `make test BASE=2.6.0`
@@ -90,7 +91,7 @@ endif
 ifeq ($(OTHER_BASE),)
 test: lint
 	$(MAKE) -j2 --output-sync=target test-overlay test-wheel
-	$(MAKE) export-check-imports agree-overlay-wheel
+	$(MAKE) export-check-imports agree-overlay-wheel check-call-instructions
 else
 test: test-base
 endif
@@ -248,7 +249,8 @@ upstream-conformance: venv wheel-venv upstream-venv
 demo: venv
 	$(PY) examples/precompile_demo.py
 
-# Benchmarks (never part of `make test`): results under benchmarks/results/.
+# Benchmarks (never part of `make test`, but for its gate check-call-instructions):
+# results under benchmarks/results/.
 bench-guards: venv
 	$(PY) benchmarks/guard_check.py
 
@@ -264,6 +266,23 @@ bench-load-serving: venv upstream-venv
 # aot_compile function, beside upstream 2.13 (benchmarks/call_overhead.py).
 bench-calls: venv upstream-venv
 	$(PY) benchmarks/call_overhead.py $(BENCH_ARGS)
+
+# Instructions per call of a loaded package and aot_compile function (seed MLP,
+# 32-layer stack), counted by callgrind (benchmarks/call_instructions.py, NOTE:
+# [Counting instructions of a call]). bench-call-instructions measures and
+# rewrites the baseline benchmarks/results/call_instructions.json;
+# check-call-instructions, the gate `make test` runs, fails (exit 1) when a
+# loaded row exceeds it by more than the script's MARGIN.
+bench-call-instructions: venv valgrind
+	$(PY) benchmarks/call_instructions.py --update $(BENCH_ARGS)
+
+check-call-instructions: venv valgrind
+	$(PY) benchmarks/call_instructions.py --check
+
+# valgrind and callgrind_control (Debian's valgrind package), installed from the
+# registry when missing, for the instruction counts above.
+valgrind:
+	command -v valgrind >/dev/null && command -v callgrind_control >/dev/null || (apt-get update && apt-get install -y valgrind)
 
 # Signing cost of compile packages (benchmarks/package_signing.py): save and load
 # with and without a signature, fresh processes.
