@@ -43,9 +43,13 @@ Exit status: 0 passed (or measured), 1 a regression, 2 no measurement
 # libtorch's dispatch, and the kernels (ATen's, MKL's, Inductor's). A dump's
 # `totals:` (or `summary:`) line is its Ir count; divided by CALLS[row], a
 # call's. valgrind 3.19's simulated CPU has no AVX-512, so ATen and MKL take
-# their AVX2 paths on any x86-64 machine; an Inductor kernel compiled with
-# -march=native on an AVX-512 host may use instructions valgrind cannot run
-# (SIGILL: reported, exit 2). PYTHONHASHSEED is fixed.
+# their AVX2 paths under it on any x86-64 machine. The priming process runs
+# natively, so every process gets ATEN_CPU_CAPABILITY=avx2 (Inductor picks its
+# vector ISA from it too), and on a host with AVX-512 Inductor's g++ is a
+# wrapper that appends -mno-avx512f after the -march=native Inductor passes:
+# the kernels hold only instructions valgrind runs, the same on every host.
+# Should one still slip through, valgrind's SIGILL is reported (exit 2).
+# PYTHONHASHSEED is fixed.
 # The margin: five full runs of one overlay (each priming afresh; the 2-core
 # machine shared with other jobs, 2026-12-02) differed by at most 0.57% per
 # row (the MLP's package load, 275,538-277,106; its aot_compile load 0.12%,
@@ -258,9 +262,38 @@ def check_tools() -> None:
         )
 
 
+def host_has_avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
+
+
+def avx2_compiler(workdir: Path) -> str:
+    """A g++ that compiles what Inductor asks for without AVX-512 (NOTE:
+    [Counting instructions of a call]): Inductor adds -march=native, and a
+    flag after it turns AVX-512 off again."""
+    bin_dir = workdir / "avx2-cxx"
+    bin_dir.mkdir(exist_ok=True)
+    wrapper = bin_dir / "g++"  # Inductor recognises gcc by the name
+    real = shutil.which(os.environ.get("CXX", "g++")) or "g++"
+    wrapper.write_text(f'#!/bin/sh\nexec {real} "$@" -mno-avx512f\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+# The compiler the processes of this run use, if not the default (measure()).
+_CXX: dict[str, str] = {}
+
+
 def _child_env(cache: str) -> dict:
     env = co._env("overlay", cache)
     env["PYTHONHASHSEED"] = "0"
+    if platform.machine() in ("x86_64", "AMD64"):
+        # ATen's and Inductor's vector code for AVX2 on every host.
+        env["ATEN_CPU_CAPABILITY"] = "avx2"
+    env.update(_CXX)
     return env
 
 
@@ -325,6 +358,8 @@ def measure(args) -> dict:
         else:
             commit = overlay_commit()
         started = time.time()
+        if host_has_avx512():
+            _CXX["CXX"] = avx2_compiler(workdir)
         # The overlay materialised once, before processes that would race to
         # do it (as call_overhead.py does).
         proc = subprocess.run([str(co.OVERLAY_PY), "-c", "import torch"], capture_output=True, text=True,
