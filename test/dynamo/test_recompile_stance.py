@@ -31,6 +31,31 @@ class FailOnRecompileStanceTests(torch._dynamo.test_case.TestCase):
             self.assertEqual(f(x), x * 2)
         self.assertEqual(counter.frame_count, 2)
 
+    def test_each_compiled_callable_keeps_its_own_callback(self):
+        # The stance reuses the callback it built for the same Dynamo callback
+        # (it is asked on every call); two compiled callables called in turn
+        # still each run their own entries, and a miss of either still fails.
+        from torch._dynamo.eval_frame import _callback_from_stance
+
+        def _triple(x):
+            return x * 3
+
+        counter = torch._dynamo.testing.CompileCounter()
+        f = torch.compile(_double, backend=counter, dynamic=False)
+        g = torch.compile(_triple, backend=counter, dynamic=False)
+        x = torch.randn(3)
+        f(x), g(x)
+        with torch.compiler.set_stance("fail_on_recompile"):
+            for _ in range(2):
+                self.assertEqual(f(x), x * 2)
+                self.assertEqual(g(x), x * 3)
+            first = _callback_from_stance(counter)
+            self.assertIs(_callback_from_stance(counter), first)
+            self.assertIsNot(_callback_from_stance(torch._dynamo.testing.CompileCounter()), first)
+            with self.assertRaisesRegex(RuntimeError, "function name: '_triple'"):
+                g(torch.randn(4))
+        self.assertEqual(counter.frame_count, 2)
+
     @parametrize("backend", ["eager", "aot_eager"])
     def test_the_error_names_the_frame(self, backend):
         f = torch.compile(_double, backend=backend, dynamic=False)
