@@ -283,24 +283,79 @@ import torch
 import torch._dynamo
 from torch._dynamo import trace_rules
 
+# The file map, made before the object map (as a code object's lookup before any
+# compile makes it), has the object map's string entries.
+file_map = dict(trace_rules.get_torch_file_rule_map())
 rule_map = trace_rules.get_torch_obj_rule_map()
-# A file map made before the rule maps were resolved (a code object looked up
-# before any compile) holds their classes by name, which the lookup turns into
-# the classes (_variable_class).
-file_map = {
-    key: trace_rules._variable_class(rule)
-    for key, rule in trace_rules.get_torch_file_rule_map().items()
-}
 string_keys = {key: rule for key, rule in rule_map.items() if isinstance(key, str)}
 report = {
     "built": trace_rules.rule_map_is_built(),
     "method_keys": [repr(key) for key in rule_map if isinstance(key, types.MethodType)],
     "file_map_differs_at": sorted(
-        key for key in set(file_map) | set(string_keys) if file_map.get(key) is not string_keys.get(key)
+        key for key in set(file_map) | set(string_keys) if file_map.get(key) != string_keys.get(key)
     ),
     # The polyfills Dynamo registered while it was imported are in it.
-    "all_is_polyfilled": rule_map.get(builtins.all)
+    "all_is_polyfilled": trace_rules._variable_class(rule_map.get(builtins.all))
     is torch._dynamo.variables.PolyfilledFunctionVariable,
+}
+# Imported last: what this process imported is what it reports.
+from torch.testing._internal.fresh_process import write_report
+write_report(report)
+"""
+
+
+RULE_MAPS_HOLD_NAMES = """
+import torch
+import torch._dynamo
+from torch._dynamo import trace_rules
+
+maps_before = [id(m) for m in trace_rules.torch_name_rule_map]
+same_dicts = maps_before == [
+    id(trace_rules.manual_torch_name_rule_map),
+    id(trace_rules.torch_c_binding_in_graph_functions),
+    id(trace_rules.torch_non_c_binding_in_graph_functions),
+]
+torch.compile(lambda x: torch.nn.functional.relu(x) + 1, backend="eager")(torch.randn(3))
+rules = [v for m in trace_rules.torch_name_rule_map for v in m.values()]
+report = {
+    "built": trace_rules.rule_map_is_built(),
+    "same_dicts": same_dicts and maps_before == [id(m) for m in trace_rules.torch_name_rule_map],
+    "rule_types": sorted({type(v).__name__ for v in rules}),
+    "obj_map_rule_types": sorted(
+        {type(v).__name__ for v in trace_rules.get_torch_obj_rule_map().values()}
+    ),
+    "relu": trace_rules.lookup(torch.nn.functional.relu).__name__,
+    "skip_class": trace_rules.SkipFunctionVariable.__name__,
+}
+# Imported last: what this process imported is what it reports.
+from torch.testing._internal.fresh_process import write_report
+write_report(report)
+"""
+
+USER_POLYFILL = """
+import torch
+import torch._dynamo
+from torch._dynamo import trace_rules
+
+
+def add_one(x):
+    return x + 1
+
+
+@torch._dynamo.substitute_in_graph(add_one)
+def add_one_polyfill(x):
+    return x + 1
+
+
+rule = trace_rules.lookup_inner(add_one)
+counter = torch._dynamo.testing.CompileCounter()
+out = torch.compile(lambda x: add_one(x) * 2, backend=counter, fullgraph=True)(
+    torch.ones(2)
+)
+report = {
+    "rule": rule.__name__ if rule is not None else None,
+    "out": out.tolist(),
+    "frames": counter.frame_count,
 }
 # Imported last: what this process imported is what it reports.
 from torch.testing._internal.fresh_process import write_report
@@ -441,8 +496,53 @@ class TestLoadImports(torch._dynamo.test_case.TestCase):
             for key in rule_map
             if isinstance(key, types.FunctionType)
             and key.__module__.split(".")[0] != "torch"
+            and id(key) not in trace_rules._polyfilled_function_ids
         ]
         self.assertEqual(outside_torch, [])
+
+    def test_a_polyfilled_function_outside_torch_is_looked_up_as_polyfilled(self):
+        # substitute_in_graph takes a Python function of any module; the
+        # lookup that answers "not in the map" for functions outside torch
+        # (before and after the map is built alike) asks the polyfilled ids
+        # first.
+        report = self.run_fresh(USER_POLYFILL)
+        self.assertEqual(report["rule"], "PolyfilledFunctionVariable")
+        self.assertEqual(report["out"], [4.0, 4.0])
+        self.assertEqual(report["frames"], 1)
+
+    def test_rule_maps_hold_class_names_and_are_never_rewritten(self):
+        # See NOTE: [Dynamo imports its tracer only when it compiles]: after
+        # a compile the maps are the same dicts, still holding class names,
+        # and lookups answer classes.
+        report = self.run_fresh(RULE_MAPS_HOLD_NAMES)
+        self.assertTrue(report["built"])
+        self.assertTrue(report["same_dicts"])
+        self.assertEqual(report["rule_types"], ["str"])
+        self.assertEqual(report["obj_map_rule_types"], ["str"])
+        self.assertEqual(report["relu"], "TorchInGraphFunctionVariable")
+        self.assertEqual(report["skip_class"], "SkipFunctionVariable")
+
+    def test_a_rule_map_patched_in_is_what_lookups_consult(self):
+        # A test that patches a rule map in (with classes as values, as stock
+        # torch's maps hold) changes what the lookup answers, and only while
+        # patched.
+        from torch._dynamo import trace_rules
+        from torch._dynamo.variables import SkipFunctionVariable
+
+        relu = torch.nn.functional.relu
+        self.assertEqual(
+            trace_rules.lookup(relu).__name__, "TorchInGraphFunctionVariable"
+        )
+        patched = [{"torch.nn.functional.relu": SkipFunctionVariable}]
+        try:
+            with unittest.mock.patch.object(trace_rules, "torch_name_rule_map", patched):
+                trace_rules.clear_lru_cache()
+                self.assertIs(trace_rules.lookup(relu), SkipFunctionVariable)
+        finally:
+            trace_rules.clear_lru_cache()
+        self.assertEqual(
+            trace_rules.lookup(relu).__name__, "TorchInGraphFunctionVariable"
+        )
 
     @unittest.skipUnless(has_triton_package(), "needs triton")
     def test_triton_dtype_is_a_constant_once_triton_is_imported(self):
