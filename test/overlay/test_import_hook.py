@@ -226,6 +226,45 @@ active: False""",
         self.run_python("import torch._dynamo.guards; print('ok')")
         self.assertGreater(pycs[0].stat().st_size, 1000)
 
+    def test_processes_starting_together_build_the_cache_once(self):
+        # See NOTE: [One process builds a series' cache]: three processes find
+        # no cache for the series at the same moment; one builds it, the others
+        # wait for it and use it, and no tree is replaced under a reader.
+        go = self.tmp / "go"
+        code = f"""
+            import logging, os, sys, time
+            from pathlib import Path
+            from torch_overlay._overlay import importer, materialize, series
+            logging.basicConfig(level=logging.INFO, format="%(message)s")
+            torch_root, version = importer.find_torch()
+            while not os.path.exists({str(go)!r}):
+                time.sleep(0.01)
+            tree = materialize.materialize(
+                torch_root, version, series.series_hash(), cache_root=Path({self.cache!r})
+            )
+            print("root", tree.root, len(tree.files))
+        """
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", textwrap.dedent(code)],
+                env=_env(False, self.cache),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=str(self.tmp),
+            )
+            for _ in range(3)
+        ]
+        go.write_text("")
+        outs = [p.communicate(timeout=600) for p in procs]
+        self.assertEqual([p.returncode for p in procs], [0, 0, 0], outs)
+        builders = [err for _, err in outs if "materialised" in err]
+        self.assertEqual(len(builders), 1, outs)
+        roots = {out.split()[1] for out, _ in outs}
+        self.assertEqual(len(roots), 1)
+        trees = [p for p in Path(self.cache).iterdir() if not p.name.startswith(".")]
+        self.assertEqual([t.name for t in trees], [Path(roots.pop()).name])
+
     def test_bytecode_cache_is_reused(self):
         self.run_python("import torch._dynamo.guards")
         tree = self._materialize_here()

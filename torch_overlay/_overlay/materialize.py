@@ -18,6 +18,7 @@ a damaged cache is rebuilt, never trusted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -28,9 +29,14 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import OverlayError, PatchApplyError
 from .series import Patch, read_series
+
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 log = logging.getLogger(__name__)
@@ -147,10 +153,56 @@ def materialize(
         tree = _read_manifest(final, torch_version, series_hash)
         if tree is not None:
             return tree
-        if final.exists():
-            log.warning("torch_overlay: cache at %s is damaged; rebuilding it", final)
 
     cache_root.mkdir(parents=True, exist_ok=True)
+    with _build_lock(cache_root, final.name):
+        if not force:
+            # Another process may have built it while this one waited.
+            tree = _read_manifest(final, torch_version, series_hash)
+            if tree is not None:
+                return tree
+            if final.exists():
+                log.warning("torch_overlay: cache at %s is damaged; rebuilding it", final)
+        _build(torch_root, patches, final, torch_version, series_hash)
+    tree = _read_manifest(final, torch_version, series_hash)
+    if tree is None:
+        raise OverlayError(f"torch_overlay: could not materialise patched sources at {final}")
+    log.info("torch_overlay: materialised %d patched files at %s", len(tree.files), final)
+    return tree
+
+
+# NOTE: [One process builds a series' cache]
+# Processes started together (pytest workers, a serving fleet's replicas on one
+# host) may all find a new series' cache missing. Without coordination each
+# built its own tree and renamed it over the previous winner's, deleting files
+# that a process already serving from that tree had yet to import. A lock file
+# per tree (fcntl.flock, released when the holder exits, however it exits)
+# lets one process build while the others wait and then read its manifest; a
+# valid tree is only replaced when it is damaged or when force=True.
+@contextlib.contextmanager
+def _build_lock(cache_root: Path, name: str) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, the rename below stays atomic
+        yield
+        return
+    with open(cache_root / f".{name}.lock", "a+b") as lock_file:
+        fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
+
+
+def _build(
+    torch_root: Path,
+    patches: list[Patch],
+    final: Path,
+    torch_version: str,
+    series_hash: str,
+) -> None:
+    """Apply the series to copies of the files it touches, then move them to ``final``."""
+    cache_root = final.parent
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=cache_root))
     try:
         touched: list[str] = []
@@ -181,11 +233,6 @@ def materialize(
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    tree = _read_manifest(final, torch_version, series_hash)
-    if tree is None:
-        raise OverlayError(f"torch_overlay: could not materialise patched sources at {final}")
-    log.info("torch_overlay: materialised %d patched files at %s", len(tree.files), final)
-    return tree
 
 
 def _replace_dir(staging: Path, final: Path) -> None:
