@@ -322,6 +322,61 @@ write_report(report)
 '''
 
 
+# One class, two instances, two packages, the second made after the first's entry
+# was compiled (NOTE: [Entries a package's model uses]): while one package exists
+# its callable runs with no package hook; the second package's model is served by
+# the first's entry, holds it, and loads it alone.
+SHARED_LATER = r'''
+import os, sys
+import torch
+from torch import nn
+from torch._dynamo import package as dynamo_package
+from torch._dynamo.utils import counters
+from torch.testing._internal.fresh_process import write_report
+
+
+class Affine(nn.Module):
+    def __init__(self, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.linear = nn.Linear(5, 3)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x)) + 1
+
+
+mode, where = sys.argv[1:3]
+model, copy = Affine(0), Affine(1)
+x = torch.randn(4, 5)
+
+
+def hooks(compiled):
+    return [h.__name__ for h in compiled.dynamo_ctx.enter_exit_hooks]
+
+
+report = {}
+if mode == "save":
+    c_model = torch.compile(model, backend="eager", package=os.path.join(where, "model"))
+    c_model(x)
+    report["model_hooks_alone"] = hooks(c_model)
+    report["sharing_alone"] = dynamo_package._sharing.sharing
+    c_copy = torch.compile(copy, backend="eager", package=os.path.join(where, "copy"))
+    report["hooks_shared"] = [hooks(c_model), hooks(c_copy)]
+    graphs = counters["stats"]["unique_graphs"]
+    report["same"] = bool(torch.equal(c_copy(x), copy(x)))
+    report["graphs_for_copy"] = counters["stats"]["unique_graphs"] - graphs
+    c_copy.save_package()
+    c_model.save_package()
+else:
+    c_copy = torch.compile(copy, backend="eager", package=os.path.join(where, "copy"))
+    c_copy.load_package()
+    with torch.compiler.set_stance("fail_on_recompile"):
+        report["same"] = bool(torch.equal(c_copy(x), copy(x)))
+    report["traced_graphs"] = counters["stats"]["unique_graphs"]
+write_report(report)
+'''
+
+
 # A helper that graph-breaks is compiled as a frame of its own; defined in a local
 # scope, a fresh process has no name to find its code by.
 def _make_generated_helper():
@@ -517,6 +572,31 @@ class TestPackage(PackageTestCase):
         self.assertEqual(report["same"], [True, True, True])
         self.assertEqual(report["traced_graphs"], 0)
         self.assertIn("fail_on_recompile", report["crossed"])
+
+    def test_a_second_package_holds_entries_compiled_before_it_existed(self):
+        where = self.tmp / "pkgs"
+
+        def run(mode):
+            return run_code(
+                SHARED_LATER,
+                mode,
+                where,
+                env={"TORCHINDUCTOR_CACHE_DIR": self.save_cache},
+                cwd=self.tmp,
+            )
+
+        saved = run("save")
+        self.assertEqual(saved["model_hooks_alone"], ["call_on_enter"])
+        self.assertFalse(saved["sharing_alone"])
+        self.assertEqual(
+            saved["hooks_shared"],
+            [["call_on_enter", "mark_package_running"]] * 2,
+        )
+        self.assertTrue(saved["same"])
+        self.assertEqual(saved["graphs_for_copy"], 0)
+        loaded = run("load")
+        self.assertTrue(loaded["same"])
+        self.assertEqual(loaded["traced_graphs"], 0)
 
     def test_entry_whose_code_cannot_be_found_again_is_left_out(self):
         package_dir = str(self.tmp / "pkg")

@@ -186,59 +186,107 @@ def _recording(package: Optional[CompilePackage]):
 # the packages' RecordingBackends do not tell them apart). The frame callback,
 # and so the package, never sees such a hit, yet the package must hold the entry
 # to load alone in a fresh process. So a package records hits too:
-# - RecordingBackend.backend_ctx_ctor, which Dynamo enters around every call of
-#   the torch.compile()'d callable, pushes the package on a thread-local stack
-#   (_tls.running): the innermost compiled callable running is its model;
+# - an enter hook of the torch.compile()'d callable's Dynamo context pushes the
+#   package on a thread-local stack (_tls.running) around every call: the
+#   innermost compiled callable running is its model;
 # - the guard manager of every entry compiled under a package, or installed from
 #   one, gets one more epilogue guard, after the shape guards: epilogue guards
 #   run only once every other guard passed, so it runs exactly when the entry
 #   is about to serve the frame. It always passes, and when the running package
 #   is not the entry's own, that package adopts the entry (its bytecode, guards,
 #   graphs, kernels and inlined sources: _EntryOrigin).
-# The guards decide what a package holds: an entry joins a package only after
-# its guards accepted a frame run by that package's model, so models whose
-# weights or configs differ in what the guards read keep their own entries.
-# Cost per call: one push and pop on that stack (the same context object on
-# every call) and one Python call per frame served from a package's entry;
-# benchmarks/call_overhead.py measures both. Not adopted: entries compiled without
-# a package (they have no saved guards), and frozen graphs (their constants are
-# the other model's weights).
+# Only a package whose callable Dynamo runs (torch.compile(..., package=...))
+# can own an entry or run a model, so while a process has made one such
+# package there is nothing to adopt, and neither the hook nor the epilogue
+# guard is installed: a loaded package's call costs what a fresh compile's
+# does. When a second one is made (_note_packages_share_entries), every such
+# package's context gets its hook and every entry so far its epilogue guard,
+# before that package's callable can run; from then on each new one gets them
+# at once. The guards decide what a package holds: an entry joins a package
+# only after its guards accepted a frame run by that package's model, so
+# models whose weights or configs differ in what the guards read keep their
+# own entries. Not adopted: entries compiled without a package (they have no
+# saved guards), and frozen graphs (their constants are the other model's
+# weights).
 _packages_by_uid: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-class _RunningPackage:
-    """Marks the package of the torch.compile()'d callable this thread is in
-    (NOTE: [Entries a package's model uses]), around the backend's own context.
+class _SharingState:
+    """Which packages' callables Dynamo runs, and whether entries may be shared
+    (NOTE: [Entries a package's model uses])."""
 
-    Its state is the thread's stack, so a backend whose inner backend has no
-    context of its own hands Dynamo the same instance on every call (nested and
-    concurrent calls included) instead of building one per call."""
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.package_uids: set[str] = set()
+        self.sharing = False
+        # Contexts whose hook waits for a second package: (weakref, hook).
+        self.contexts: list[tuple[weakref.ref, Callable[[], Callable[[], None]]]] = []
+        # Guard managers whose epilogue guard waits for it: (weakref, origin).
+        self.entries: list[tuple[weakref.ref, _EntryOrigin]] = []
 
-    __slots__ = ("backend", "inner")
 
-    def __init__(self, backend: RecordingBackend, inner: Optional[Any]) -> None:
-        self.backend = backend
-        self.inner = inner
+_sharing = _SharingState()
 
-    def __enter__(self):
+
+def _pop_running_package() -> None:
+    _tls.running.pop()
+
+
+def _running_package_hook(package_uid: str) -> Callable[[], Callable[[], None]]:
+    """The enter hook that marks ``package_uid``'s model running on this thread."""
+
+    def mark_package_running() -> Callable[[], None]:
         stack = getattr(_tls, "running", None)
         if stack is None:
             stack = _tls.running = []
-        stack.append(self.backend.package_uid)
-        if self.inner is not None:
-            self.inner.__enter__()
+        stack.append(package_uid)
+        return _pop_running_package
 
-    def __exit__(self, *exc):
-        try:
-            if self.inner is not None:
-                return self.inner.__exit__(*exc)
-        finally:
-            _tls.running.pop()
+    return mark_package_running
+
+
+def _track_running_package(package_uid: str, dynamo_ctx: Any) -> None:
+    """``dynamo_ctx`` runs ``package_uid``'s model: hook it now, or when a second
+    package makes sharing possible."""
+    hook = _running_package_hook(package_uid)
+    with _sharing.lock:
+        _sharing.package_uids.add(package_uid)
+        if _sharing.sharing:
+            dynamo_ctx.enter_exit_hooks.append(hook)
+            return
+        _sharing.contexts.append((weakref.ref(dynamo_ctx), hook))
+        if len(_sharing.package_uids) < 2:
+            return
+        _sharing.sharing = True
+        contexts, _sharing.contexts = _sharing.contexts, []
+        entries, _sharing.entries = _sharing.entries, []
+    log.debug("a second compile package: packages' models may share entries")
+    for ctx_ref, waiting_hook in contexts:
+        ctx = ctx_ref()
+        if ctx is not None:
+            ctx.enter_exit_hooks.append(waiting_hook)
+    for manager_ref, origin in entries:
+        manager = manager_ref()
+        if manager is not None:
+            _add_note_uses_guard(manager, origin)
 
 
 def _note_uses(guard_manager, origin: _EntryOrigin) -> None:
     """Give ``guard_manager`` the epilogue guard that lets the package whose
-    model it serves adopt ``origin``'s entry (NOTE: [Entries a package's model uses])."""
+    model it serves adopt ``origin``'s entry, now or once a second package is
+    made (NOTE: [Entries a package's model uses])."""
+    with _sharing.lock:
+        if not _sharing.sharing:
+            entries = _sharing.entries
+            if len(entries) >= 64 and len(entries) & (len(entries) - 1) == 0:
+                # Drop the managers of entries that are gone (at 64, 128, 256, ...).
+                entries[:] = [(ref, o) for ref, o in entries if ref() is not None]
+            entries.append((weakref.ref(guard_manager), origin))
+            return
+    _add_note_uses_guard(guard_manager, origin)
+
+
+def _add_note_uses_guard(guard_manager, origin: _EntryOrigin) -> None:
     add = getattr(getattr(guard_manager, "root", None), "add_epilogue_lambda_guard", None)
     if add is None:
         return
@@ -556,17 +604,12 @@ class RecordingBackend:
         for attr in ("get_compiler_config", "compiler_name"):
             if hasattr(backend, attr):
                 setattr(self, attr, getattr(backend, attr))
-        # Dynamo enters backend_ctx_ctor() on every call of the torch.compile()'d
-        # callable: the package says there that its model is running (NOTE:
-        # [Entries a package's model uses]), around the backend's own context.
-        self._inner_ctx_ctor = getattr(backend, "backend_ctx_ctor", None)
-        self._running = _RunningPackage(self, None)
+        # Dynamo enters the backend's own context around every call of the
+        # torch.compile()'d callable (the package's mark is a hook of its own:
+        # NOTE: [Entries a package's model uses]).
+        if hasattr(backend, "backend_ctx_ctor"):
+            self.backend_ctx_ctor = backend.backend_ctx_ctor
         self.package_uid: Optional[str] = None
-
-    def backend_ctx_ctor(self):
-        if self._inner_ctx_ctor is None:
-            return self._running
-        return _RunningPackage(self, self._inner_ctx_ctor())
 
     def __call__(self, gm, example_inputs, **kwargs):
         # A graph for a package: the save that follows signs it with this key
@@ -1210,6 +1253,11 @@ class CompilePackage:
         self.backend.package_uid = self._uid
         _packages_by_uid[self._uid] = self
         return self.backend
+
+    def runs_under(self, dynamo_ctx: Any) -> None:
+        """torch.compile(..., package=self) made ``dynamo_ctx``: calls through it
+        run this package's model (NOTE: [Entries a package's model uses])."""
+        _track_running_package(self._uid, dynamo_ctx)
 
     def _root_qualnames(self) -> frozenset:
         return frozenset(code.co_qualname for code in self._root_codes())
