@@ -123,11 +123,12 @@ def save_row(spec: dict) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    co.MODES = (MODE,)  # save_variant compiles every mode of call_overhead.MODES
     errors, seconds = {}, {}
     for variant in GATED_VARIANTS:
         started = time.perf_counter()
-        res = co.save_variant({"variant": variant, "row": spec["row"], "artifact": spec["artifacts"][variant]})
+        res = co.save_variant(
+            {"variant": variant, "row": spec["row"], "artifact": spec["artifacts"][variant], "modes": [MODE]}
+        )
         seconds[variant] = time.perf_counter() - started
         errors.update({f"{variant}/{k}": v for k, v in res["save_errors"].items()})
     return {"save_errors": errors, "seconds": seconds}
@@ -159,14 +160,13 @@ def measure_rows(spec: dict) -> dict:
     if not torch._C._valgrind_supported_platform():
         raise CallInstructionsError("this torch build has no valgrind client requests")
     torch.set_num_threads(1)
-    co.MODES = (MODE,)
     calls = []
     errors = {}
     with torch.no_grad():
         for row, artifacts in spec["rows"].items():
             target, make_call, dynamic = co.build_row(row)
             for variant, _ in VARIANTS:
-                vspec = {"variant": variant, "artifact": artifacts.get(variant),
+                vspec = {"variant": variant, "artifact": artifacts.get(variant), "modes": [MODE],
                          "save_errors": {k.rsplit("/", 1)[1]: v for k, v in spec["save_errors"].items()
                                          if k.startswith(f"{row}/{variant}/")}}
                 fns, info = co.prepare_variant(vspec, target, make_call, dynamic)

@@ -188,15 +188,18 @@ def aot_path(artifact: str, mode: str) -> str:
 
 
 def save_variant(spec: dict) -> dict:
-    """The priming process: compile and save what ``variant`` loads."""
+    """The priming process: compile and save what ``variant`` loads, in the
+    grad modes ``spec["modes"]`` names (default: MODES)."""
     import torch
+
+    modes = tuple(spec.get("modes", MODES))
 
     variant, artifact = spec["variant"], spec["artifact"]
     target, make_call, dynamic = build_row(spec["row"])
     errors = {}
     if variant == "package":
         compiled = compile_target(target, dynamic, package=artifact)
-        for mode in MODES:
+        for mode in modes:
             with grad_mode(mode):
                 for _ in range(2):
                     args, kwargs = make_call()
@@ -205,7 +208,7 @@ def save_variant(spec: dict) -> dict:
     elif variant == "upstream-precompile":
         torch._dynamo.config.caching_precompile = True
         compiled = compile_target(target, dynamic)
-        for mode in MODES:
+        for mode in modes:
             with grad_mode(mode):
                 for _ in range(2):
                     args, kwargs = make_call()
@@ -214,7 +217,7 @@ def save_variant(spec: dict) -> dict:
         Path(artifact).write_bytes(data)
     elif variant in ("aot", "upstream-aot"):
         torch._dynamo.config.enable_aot_compile = True
-        for mode in MODES:
+        for mode in modes:
             try:
                 compiled = compile_target(target, dynamic, fullgraph=True)
                 entry = compiled if not isinstance(target, torch.nn.Module) else compiled.forward
@@ -230,30 +233,33 @@ def save_variant(spec: dict) -> dict:
 
 
 def prepare_variant(spec: dict, target, make_call, dynamic):
-    """The callable a measured process times, per mode, and what it reports."""
+    """The callable a measured process times, per mode of ``spec["modes"]``
+    (default: MODES), and what it reports."""
     import torch
+
+    modes = tuple(spec.get("modes", MODES))
 
     variant, artifact = spec["variant"], spec.get("artifact")
     info = {}
     if variant.endswith("eager"):
-        return dict.fromkeys(MODES, target), info
+        return dict.fromkeys(modes, target), info
     if variant.endswith("compile") and not variant.endswith("precompile"):
         compiled = compile_target(target, dynamic)
-        return dict.fromkeys(MODES, compiled), info
+        return dict.fromkeys(modes, compiled), info
     if variant == "package":
         compiled = compile_target(target, dynamic, package=artifact)
         compiled.load_package()
         torch.compiler.set_stance("fail_on_recompile")
-        return dict.fromkeys(MODES, compiled), info
+        return dict.fromkeys(modes, compiled), info
     if variant == "upstream-precompile":
         torch._dynamo.config.caching_precompile = True
         torch.compiler.load_cache_artifacts(Path(artifact).read_bytes())
         compiled = compile_target(target, dynamic)
-        return dict.fromkeys(MODES, compiled), info
+        return dict.fromkeys(modes, compiled), info
     if variant in ("aot", "upstream-aot"):
         torch._dynamo.config.enable_aot_compile = True
         fns, errors = {}, dict(spec.get("save_errors") or {})
-        for mode in MODES:
+        for mode in modes:
             if mode in errors:
                 continue
             try:
