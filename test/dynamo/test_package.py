@@ -467,6 +467,17 @@ class PackageTestCase(torch._dynamo.test_case.TestCase):
             fresh_inductor_cache=mode != "save",
         )
 
+    def run_script(self, script, mode, where):
+        """A fresh process running ``script`` with argv ``mode where``, both modes
+        on the saving side's cache (the script's own packages are what it loads)."""
+        return run_code(
+            script,
+            mode,
+            where,
+            env={"TORCHINDUCTOR_CACHE_DIR": self.save_cache},
+            cwd=self.tmp,
+        )
+
     def save_and_load(self, name, backend, constants=None, **load_env):
         case = self.write_case(name, backend, **(constants or {}))
         package = self.tmp / "pkg" / name
@@ -549,17 +560,7 @@ class TestPackage(PackageTestCase):
         import pickle
 
         where = self.tmp / "pkgs"
-
-        def run(mode):
-            return run_code(
-                TWO_MODULES,
-                mode,
-                where,
-                env={"TORCHINDUCTOR_CACHE_DIR": self.save_cache},
-                cwd=self.tmp,
-            )
-
-        run("save")
+        self.run_script(TWO_MODULES, "save", where)
         keys = {
             name: {entry[0] for entry in pickle.loads((where / name / "dynamo.bin").read_bytes())}
             for name in ("linear", "sequential")
@@ -568,24 +569,14 @@ class TestPackage(PackageTestCase):
         self.assertEqual(
             keys["sequential"], {("inline_wrapper", "torch.nn.modules.container", "Sequential")}
         )
-        report = run("load")
+        report = self.run_script(TWO_MODULES, "load", where)
         self.assertEqual(report["same"], [True, True, True])
         self.assertEqual(report["traced_graphs"], 0)
         self.assertIn("fail_on_recompile", report["crossed"])
 
     def test_a_second_package_holds_entries_compiled_before_it_existed(self):
         where = self.tmp / "pkgs"
-
-        def run(mode):
-            return run_code(
-                SHARED_LATER,
-                mode,
-                where,
-                env={"TORCHINDUCTOR_CACHE_DIR": self.save_cache},
-                cwd=self.tmp,
-            )
-
-        saved = run("save")
+        saved = self.run_script(SHARED_LATER, "save", where)
         self.assertEqual(saved["model_hooks_alone"], ["call_on_enter"])
         self.assertFalse(saved["sharing_alone"])
         self.assertEqual(
@@ -594,7 +585,7 @@ class TestPackage(PackageTestCase):
         )
         self.assertTrue(saved["same"])
         self.assertEqual(saved["graphs_for_copy"], 0)
-        loaded = run("load")
+        loaded = self.run_script(SHARED_LATER, "load", where)
         self.assertTrue(loaded["same"])
         self.assertEqual(loaded["traced_graphs"], 0)
 
