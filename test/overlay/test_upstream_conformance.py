@@ -74,6 +74,32 @@ class TestUpstreamConformance(TestCase):
         self.assertEqual(rows["gone"].details["overlay"], "not collected: ImportError: x")
         self.assertIn("no keep-list entry", rows["gone"].problem)
 
+    def test_a_session_that_finished_but_does_not_exit_is_killed(self):
+        # See NOTE: [A test file that does not exit]: the junit file is
+        # written, a non-daemon thread keeps the interpreter alive.
+        import subprocess
+        import tempfile
+        import time
+        import unittest.mock
+
+        with tempfile.TemporaryDirectory() as tmp:
+            junit = Path(tmp) / "junit.xml"
+            code = (
+                "import pathlib, sys, threading, time\n"
+                "pathlib.Path(sys.argv[1]).write_text('<testsuites/>')\n"
+                "threading.Thread(target=time.sleep, args=(600,)).start()\n"
+            )
+            proc = subprocess.Popen([sys.executable, "-c", code, str(junit)])
+            started = time.monotonic()
+            with unittest.mock.patch.object(run_conformance, "EXIT_GRACE", 2.0):
+                rc, note = run_conformance._wait_for_pytest(proc, junit, started + 120)
+            self.assertEqual(rc, -2)
+            self.assertIn("did not exit", note)
+            self.assertLess(time.monotonic() - started, 60)
+            # A process that exits is waited for, its status returned.
+            proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+            self.assertEqual(run_conformance._wait_for_pytest(proc, junit, time.monotonic() + 60), (3, ""))
+
     def test_keep_list_parses(self):
         entries = run_conformance.read_keep_list(TOOLS / "keep_list.toml")
         self.assertTrue(entries)
