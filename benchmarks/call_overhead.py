@@ -972,11 +972,15 @@ def render(report: dict) -> str:
             if all(c in ("n/a", "") for c in cells):
                 continue
             lines.append(f"| {VARIANT_TITLES[variant]} | " + " | ".join(cells) + " |")
-        lines += ["", "Breakdown of one call, µs (× eager): each timing's fastest block, median over "
-                  "rounds (NOTE: [Peeling a call], NOTE: [Layers from the fastest block]); "
-                  "frames: compiled frames of the call, guards: their leaf guards:", "",
-                  "| variant, mode | full | " + " | ".join(LAYER_TITLES[l] for l in LAYERS)
-                  + " | frames / guards |", "|---|---|" + "---|" * len(LAYERS) + "---|"]
+        has_breakdown = any(
+            "breakdown" in e for mode in MODES for e in modes.get(mode, {}).values()
+        )
+        if has_breakdown:  # none with --no-breakdown
+            lines += ["", "Breakdown of one call, µs (× eager): each timing's fastest block, median over "
+                      "rounds (NOTE: [Peeling a call], NOTE: [Layers from the fastest block]); "
+                      "frames: compiled frames of the call, guards: their leaf guards:", "",
+                      "| variant, mode | full | " + " | ".join(LAYER_TITLES[l] for l in LAYERS)
+                      + " | frames / guards |", "|---|---|" + "---|" * len(LAYERS) + "---|"]
         for variant in variants:
             for mode in MODES:
                 e = modes.get(mode, {}).get(variant)
