@@ -74,6 +74,24 @@ class TestUpstreamConformance(TestCase):
         self.assertEqual(rows["gone"].details["overlay"], "not collected: ImportError: x")
         self.assertIn("no keep-list entry", rows["gone"].problem)
 
+    def test_a_flaky_entry_is_neither_stale_nor_a_disagreement(self):
+        expected = {f"{FILE}::C::racy": "passed", f"{FILE}::C::fixed": "passed"}
+        keep = [
+            run_conformance.KeepEntry([f"{FILE}::C::racy"], "flaky", "races", ["overlay", "wheel"]),
+            run_conformance.KeepEntry([f"{FILE}::C::fixed"], "2.13-only", "why", ["overlay", "wheel"]),
+        ]
+        runs = {
+            "overlay": {FILE: {"results": {f"{FILE}::C::racy": ("passed", ""), f"{FILE}::C::fixed": ("passed", "")}}},
+            "wheel": {FILE: {"results": {f"{FILE}::C::racy": ("failed", "hung"), f"{FILE}::C::fixed": ("passed", "")}}},
+        }
+        rows = {
+            r.test_id.split("::")[-1]: r
+            for r in run_conformance.compare(expected, runs, keep, ["overlay", "wheel"])
+        }
+        self.assertEqual((rows["racy"].problem, rows["racy"].kind), ("", "flaky"))
+        # Any other kind that matches no difference is stale.
+        self.assertIn("stale", rows["fixed"].problem)
+
     def test_a_session_that_finished_but_does_not_exit_is_killed(self):
         # See NOTE: [A test file that does not exit]: the junit file is
         # written, a non-daemon thread keeps the interpreter alive.
