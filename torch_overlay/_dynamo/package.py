@@ -199,7 +199,7 @@ def _recording(package: Optional[CompilePackage]):
 # can own an entry or run a model, so while a process has made one such
 # package there is nothing to adopt, and neither the hook nor the epilogue
 # guard is installed: a loaded package's call costs what a fresh compile's
-# does. When a second one is made (_note_packages_share_entries), every such
+# does. When a second one is made (_track_running_package), every such
 # package's context gets its hook and every entry so far its epilogue guard,
 # before that package's callable can run; from then on each new one gets them
 # at once. The guards decide what a package holds: an entry joins a package
