@@ -420,6 +420,48 @@ write_report(report)
 """
 
 
+FIRST_COMPILE_IMPORTS = """
+import sys
+import torch
+from torch._dynamo import _lazy_imports
+
+# Which frame first imported each compile-only module: a finder first on
+# sys.meta_path sees every import and records whether import_compiler() is on
+# the stack, then lets the real finders find the module.
+first_imported_under = {}
+
+
+class RecordFirstImport:
+    def find_spec(self, name, path=None, target=None):
+        if name in _lazy_imports.COMPILE_ONLY_MODULES and name not in first_imported_under:
+            frame, under = sys._getframe(1), False
+            while frame is not None:
+                under = under or frame.f_code.co_name == "import_compiler"
+                frame = frame.f_back
+            first_imported_under[name] = under
+        return None
+
+
+already = [m for m in _lazy_imports.COMPILE_ONLY_MODULES if m in sys.modules]
+sys.meta_path.insert(0, RecordFirstImport())
+
+
+def f(x):
+    return torch.relu(x * 2.0) + 1.0
+
+
+compiled = torch.compile(f, backend="eager", dynamic=False)
+out = compiled(torch.ones(3))
+report = {
+    "imported_before_compile": already,
+    "first_imported_under": first_imported_under,
+    "same": out.tolist() == [3.0, 3.0, 3.0],
+}
+from torch.testing._internal.fresh_process import write_report
+write_report(report)
+"""
+
+
 class TestLoadImports(torch._dynamo.test_case.TestCase):
     def setUp(self):
         super().setUp()
@@ -461,6 +503,21 @@ class TestLoadImports(torch._dynamo.test_case.TestCase):
         self.assertIn("sympy", report["imported_after_miss"])
         self.assertIn("torch._dynamo.symbolic_convert", report["imported_after_miss"])
         self.assertIn("torch._dynamo.variables.builder", report["imported_after_miss"])
+
+    def test_the_first_compile_imports_the_compiler_in_one_place(self):
+        # See NOTE: [Compile-only imports]: none of Dynamo's compile-only
+        # modules is imported before the first compile, and each is first
+        # imported under import_compiler(), so a profile of the first compile
+        # shows their cost under that one frame.
+        from torch._dynamo import _lazy_imports
+
+        report = self.run_fresh(FIRST_COMPILE_IMPORTS)
+        self.assertTrue(report["same"])
+        self.assertEqual(report["imported_before_compile"], [])
+        self.assertEqual(
+            report["first_imported_under"],
+            dict.fromkeys(_lazy_imports.COMPILE_ONLY_MODULES, True),
+        )
 
     def test_package_load_imports_only_the_runtime(self):
         self.check_loads_only_the_runtime("package")
