@@ -577,11 +577,11 @@ class TestPackage(PackageTestCase):
     def test_a_second_package_holds_entries_compiled_before_it_existed(self):
         where = self.tmp / "pkgs"
         saved = self.run_script(SHARED_LATER, "save", where)
-        self.assertEqual(saved["model_hooks_alone"], ["call_on_enter"])
+        self.assertEqual(saved["model_hooks_alone"], [])
         self.assertFalse(saved["sharing_alone"])
         self.assertEqual(
             saved["hooks_shared"],
-            [["call_on_enter", "mark_package_running"]] * 2,
+            [["mark_package_running"]] * 2,
         )
         self.assertTrue(saved["same"])
         self.assertEqual(saved["graphs_for_copy"], 0)
