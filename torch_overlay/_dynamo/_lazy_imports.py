@@ -10,7 +10,7 @@ calls before anything else.
 
 import importlib
 import logging
-import threading
+import sys
 import time
 
 
@@ -42,23 +42,25 @@ COMPILE_ONLY_MODULES = (
     "torch._dynamo.symbolic_convert",
 )
 
-_import_lock = threading.Lock()
-_compiler_imported = False
-
 
 def import_compiler() -> None:
-    """Import what tracing needs and build the torch object rule map, once."""
-    global _compiler_imported
-    if _compiler_imported:
-        return
-    with _import_lock:
-        if _compiler_imported:
-            return
-        start = time.perf_counter()
-        for name in COMPILE_ONLY_MODULES:
-            importlib.import_module(name)
-        from torch._dynamo import trace_rules
+    """Import what tracing needs and build the torch object rule map.
 
-        trace_rules.get_torch_obj_rule_map()
-        _compiler_imported = True
-        log.debug("imported Dynamo's compiler in %.3f s", time.perf_counter() - start)
+    Every compile calls it. After the first, each import is a sys.modules
+    lookup and the rule map is cached (trace_rules.get_torch_obj_rule_map is
+    lru_cached; after trace_rules.clear_lru_cache() the next compile rebuilds
+    it here), so it keeps no state of its own; concurrent first compiles are
+    serialized by the import system's module locks."""
+    missing = [name for name in COMPILE_ONLY_MODULES if name not in sys.modules]
+    start = time.perf_counter()
+    for name in COMPILE_ONLY_MODULES:
+        importlib.import_module(name)
+    from torch._dynamo import trace_rules
+
+    trace_rules.get_torch_obj_rule_map()
+    if missing:
+        log.debug(
+            "imported Dynamo's compiler (%d modules) in %.3f s",
+            len(missing),
+            time.perf_counter() - start,
+        )
