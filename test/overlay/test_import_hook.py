@@ -126,13 +126,15 @@ class TestImportHook(TestCase):
             overlay=False,
         )
         # The modules named are the ones `import torch` imports that the
-        # installed base's series patches: the 2.7.1 series also patches the
-        # config modules' installer (a load-time patch 2.6.0's leaves out).
+        # installed base's series patches, sorted: the 2.7.1 series also patches
+        # torch._utils_internal (DISABLE_JUSTKNOBS) and the config modules'
+        # installer (per-call and load-time patches 2.6.0's leaves out).
         from torch_overlay._overlay.series import base_version, installed_base
 
         imported_patched = ["torch", "torch._functorch.pyfunctorch", "torch.compiler"]
         if installed_base() == base_version():
-            imported_patched.append("torch.utils._config_module")
+            imported_patched += ["torch._utils_internal", "torch.utils._config_module"]
+        imported_patched.sort()
         out = proc.stdout.strip()
         self.assertIn(f"module(s) {', '.join(imported_patched)} had already", out)
         self.assertExpectedInline(
