@@ -1272,7 +1272,51 @@ class TestPackageCompileOptions(PackageTestCase):
         self.assertIn("'freezing': True", saved["error"])
 
 
+class TestPackageCallbackChain(torch._dynamo.test_case.TestCase):
+    """What the cache lookup of every compiled call walks (NOTE: [A package's
+    backend links straight to the cache key] in torch/_dynamo/package.py)."""
+
+    @staticmethod
+    def links(callback):
+        walked = []
+        while hasattr(callback, "_torchdynamo_orig_callable"):
+            walked.append(type(callback).__name__)
+            callback = callback._torchdynamo_orig_callable
+        return walked, callback
+
+    @parametrize("backend", ["eager", "aot_eager", "inductor"])
+    def test_lookup_walks_as_many_links_as_a_plain_compile(self, backend):
+        from torch._dynamo.eval_frame import innermost_fn
+
+        model = torch.nn.Linear(2, 2)
+        with tempfile.TemporaryDirectory() as where:
+            plain = torch.compile(model, backend=backend)
+            packaged = torch.compile(model, backend=backend, package=where)
+            plain_links, plain_key = self.links(plain.dynamo_ctx.callback)
+            package_links, package_key = self.links(packaged.dynamo_ctx.callback)
+        self.assertEqual(len(package_links), len(plain_links))
+        self.assertIs(type(package_key), type(plain_key))
+        # The links above the backend are where Dynamo reads them.
+        self.assertEqual(package_links[:3], ["CatchErrorsWrapper", "PackageAwareConvertFrame", "RecordingBackend"])
+        recording = packaged.dynamo_ctx.callback._torchdynamo_orig_callable._torchdynamo_orig_callable
+        self.assertIs(recording._torchdynamo_orig_callable, package_key)
+        self.assertIs(innermost_fn(recording.backend), package_key)
+
+    def test_entries_keyed_on_the_backend_serve_a_package_and_a_plain_compile(self):
+        model = torch.nn.Linear(2, 2)
+        x = torch.randn(3, 2)
+        with tempfile.TemporaryDirectory() as where:
+            packaged = torch.compile(model, backend="eager", package=where)
+            packaged(x)
+            graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+            plain = torch.compile(model, backend="eager")
+            with torch.compiler.set_stance("fail_on_recompile"):
+                self.assertEqual(plain(x), model(x))
+            self.assertEqual(torch._dynamo.utils.counters["stats"]["unique_graphs"], graphs)
+
+
 instantiate_parametrized_tests(TestPackage)
+instantiate_parametrized_tests(TestPackageCallbackChain)
 instantiate_parametrized_tests(TestPackageCompileOptions)
 instantiate_parametrized_tests(TestPackageFormat)
 instantiate_parametrized_tests(TestPackageLoadPausesGC)

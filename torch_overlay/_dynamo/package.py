@@ -584,6 +584,20 @@ def _autograd_cache_default() -> dict[str, Any]:
     return {"enable_autograd_cache": True}
 
 
+# NOTE: [A package's backend links straight to the cache key]
+# eval_frame.c keys cache entries on the end of the frame callback's
+# _torchdynamo_orig_callable chain (get_backend), and walks that chain on every
+# call of a compiled callable before it looks an entry up: one hasattr and one
+# getattr per link, each of them a new string, hashed and looked up through the
+# type's MRO. A plain torch.compile's chain is CatchErrorsWrapper ->
+# ConvertFrame -> the backend (WrapBackendDebug -> Inductor's wrapper); a
+# package's puts PackageAwareConvertFrame and RecordingBackend in front of the
+# backend. RecordingBackend compiles through self.backend and links to the
+# chain's end itself, so the walk is as long as a plain compile's, the key is
+# the same object, and CatchErrorsWrapper (DDPOptimizer) and ConvertFrameAssert,
+# which read the links above it, still find RecordingBackend there.
+
+
 class RecordingBackend:
     """Wraps a torch.compile backend so that each compiled graph can be packaged."""
 
@@ -595,8 +609,10 @@ class RecordingBackend:
         # Every frozen graph compiled so far, in order (the guard filter of a
         # frame reads those its compile added: NOTE: [Parameters of frozen packages]).
         self.frozen_records: list[_GraphRecord] = []
-        # Dynamo (eval_frame.c) follows this chain to the backend it guards on.
-        self._torchdynamo_orig_callable = backend
+        # See NOTE: [A package's backend links straight to the cache key]
+        from torch._dynamo.eval_frame import innermost_fn
+
+        self._torchdynamo_orig_callable = innermost_fn(backend)
         # The compiler function Dynamo's own checks compare with: a frame that
         # runs inside vmap / grad / jvp is traced only for the eager backend
         # (InstructionTranslator._throw_if_in_functorch).
