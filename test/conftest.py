@@ -39,7 +39,10 @@ def pytest_sessionstart(session):
 # test of something an older torch lacks, or of a patch its series leaves out,
 # is listed with its reason in patches/v<base>/test-skips.toml, and skipped with
 # that reason when the overlay serves that base; on the primary base (and with
-# the patched wheel, which has no torch_overlay) nothing is skipped.
+# the patched wheel, which has no torch_overlay) nothing is skipped. A key is a
+# node id, a prefix of one up to "::" or "[" (a file, a class), or the id of a
+# test as written, which covers every test instantiate_parametrized_tests makes
+# of it (test_x_how_a, test_x_how_b, ... of test_x).
 def _base_test_skips() -> dict[str, str]:
     try:
         from torch_overlay._overlay import series
@@ -57,12 +60,23 @@ def _base_test_skips() -> dict[str, str]:
         return dict(tomllib.load(f).get("skip", {}))
 
 
+def _written_test_id(item) -> str:
+    """The node id of the test as its file spells it: for a parametrization made
+    by instantiate_parametrized_tests, whose function keeps the written name
+    (functools.wraps), that name's id; otherwise the item's own id."""
+    written = getattr(getattr(item, "function", None), "__name__", None)
+    if not written or written == item.name or "::" not in item.nodeid:
+        return item.nodeid
+    return f"{item.nodeid.rsplit('::', 1)[0]}::{written}"
+
+
 def pytest_collection_modifyitems(config, items):
     skips = _base_test_skips()
     if not skips:
         return
     for item in items:
-        for prefix, reason in skips.items():
-            if item.nodeid == prefix or item.nodeid.startswith((prefix + "::", prefix + "[")):
+        written = _written_test_id(item)
+        for key, reason in skips.items():
+            if key in (item.nodeid, written) or item.nodeid.startswith((key + "::", key + "[")):
                 item.add_marker(pytest.mark.skip(reason=reason))
                 break
