@@ -129,6 +129,20 @@ class JointRuntimeWrapperTests(torch._dynamo.test_case.TestCase):
         # The caller's list is not changed.
         self.assertIs(caller_args[1], w)
 
+    def test_a_graph_compiled_under_autocast_keeps_the_full_wrapper(self):
+        # AOTAutograd turns autocast off around such a graph's compiled
+        # forward (disable_amp): the full wrapper and its helper do that.
+        x = torch.randn(4, 5, requires_grad=True)
+        w = torch.randn(5, 3, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, flattened = self._run(_mlp, x, w)
+            expected = _mlp(x, w)
+        self.assertFalse(flattened)
+        self.assertEqual(out.dtype, expected.dtype)
+        self.assertEqual(out, expected)
+        out.sum().backward()
+        self.assertIsNotNone(w.grad)
+
     def test_an_input_mutation_keeps_the_full_wrapper(self):
         x = torch.randn(4, requires_grad=True)
         buf = torch.zeros(4)
