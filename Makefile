@@ -267,8 +267,8 @@ bench-load-serving: venv upstream-venv
 bench-calls: venv upstream-venv
 	$(PY) benchmarks/call_overhead.py $(BENCH_ARGS)
 
-# Instructions per call of a loaded package and aot_compile function (seed MLP,
-# 32-layer stack), counted by callgrind (benchmarks/call_instructions.py, NOTE:
+# Instructions per call of a loaded package and aot_compile function (seed MLP
+# in no_grad and grad mode, 32-layer stack), counted by callgrind (benchmarks/call_instructions.py, NOTE:
 # [Counting instructions of a call]). bench-call-instructions measures and
 # rewrites the baseline benchmarks/results/call_instructions.json;
 # check-call-instructions, the gate `make test` runs, fails (exit 1) when a

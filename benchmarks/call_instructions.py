@@ -2,9 +2,10 @@
 counted by callgrind: a per-call regression gate that does not depend on wall
 time (issue 30 item 4).
 
-Rows (call_overhead.py's): (b) the seed MLP (models.SeedMLP, batch 2) and (c) the
-32-layer decoder stack of small layers ('stack32'); no_grad,
-torch.set_num_threads(1), Inductor. Eager is counted the same way, in the same
+Rows (call_overhead.py's): (b) the seed MLP (models.SeedMLP, batch 2) in no_grad
+('mlp') and in grad mode ('mlp_grad': its parameters need gradients, so a call
+runs the joint graph's autograd.Function), and (c) the 32-layer decoder stack of
+small layers ('stack32') in no_grad; torch.set_num_threads(1), Inductor. Eager is counted the same way, in the same
 process, so that every loaded figure is also a ratio to eager.
 
     make bench-call-instructions   (measures; rewrites the baseline benchmarks/results/call_instructions.{json,md})
@@ -22,8 +23,8 @@ Exit status: 0 passed (or measured), 1 a regression, 2 no measurement
 # counted by callgrind (valgrind's instruction-level simulator, as upstream's
 # PR-time benchmarks count theirs), do not depend on the machine's load.
 # What is counted: a priming process compiles each row with a package and
-# with aot_compile (call_overhead.save_variant, no_grad only) into an empty
-# TORCHINDUCTOR_CACHE_DIR. The measuring process runs under
+# with aot_compile (call_overhead.save_variant, in the row's grad mode only)
+# into an empty TORCHINDUCTOR_CACHE_DIR. The measuring process runs under
 #     valgrind --tool=callgrind --instr-atstart=no --collect-atstart=no
 # with another empty cache dir, loads both rows' package and aot_compile
 # function (call_overhead.prepare_variant; the package under
@@ -89,7 +90,13 @@ log = logging.getLogger(__name__)
 ROOT = co.ROOT
 BASELINE = BENCH_DIR / "results" / "call_instructions.json"
 
-ROWS = ("mlp", "stack32")
+# A gated row: call_overhead.py's row, and the grad mode its calls run in.
+GATE_ROWS = {
+    "mlp": ("mlp", "no_grad"),
+    "mlp_grad": ("mlp", "grad"),
+    "stack32": ("stack32", "no_grad"),
+}
+ROWS = tuple(GATE_ROWS)
 # (variant id, title); gated: the loaded ones.
 VARIANTS = (
     ("eager", "eager"),
@@ -97,14 +104,13 @@ VARIANTS = (
     ("aot", "aot_compile load (ours)"),
 )
 GATED_VARIANTS = ("package", "aot")
-MODE = "no_grad"
 # A loaded row fails the gate above baseline * (1 + MARGIN) (NOTE: [Counting
 # instructions of a call]).
 MARGIN = 0.05
 WARMUP = 20
 # Counted calls per variant: a count does not vary from call to call, and the
 # stack's, ~100 times the MLP's, are what the gate's run time is made of.
-CALLS = {"mlp": 100, "stack32": 10}
+CALLS = {"mlp": 100, "mlp_grad": 100, "stack32": 10}
 # Calls after instrumentation is on, before counting.
 INSTRUMENTED_WARMUP = 1
 
@@ -118,16 +124,22 @@ class CallInstructionsError(RuntimeError):
 # ---------------------------------------------------------------------------
 
 
+def row_title(row: str) -> str:
+    base, mode = GATE_ROWS[row]
+    return co.ROW_TITLES[base] + (", grad" if mode == "grad" else "")
+
+
 def save_row(spec: dict) -> dict:
-    """Compiles the row with a package and with aot_compile, no_grad only."""
+    """Compiles the row with a package and with aot_compile, in its grad mode only."""
     import torch
 
     torch.set_num_threads(1)
+    base, mode = GATE_ROWS[spec["row"]]
     errors, seconds = {}, {}
     for variant in GATED_VARIANTS:
         started = time.perf_counter()
         res = co.save_variant(
-            {"variant": variant, "row": spec["row"], "artifact": spec["artifacts"][variant], "modes": [MODE]}
+            {"variant": variant, "row": base, "artifact": spec["artifacts"][variant], "modes": [mode]}
         )
         seconds[variant] = time.perf_counter() - started
         errors.update({f"{variant}/{k}": v for k, v in res["save_errors"].items()})
@@ -162,24 +174,28 @@ def measure_rows(spec: dict) -> dict:
     torch.set_num_threads(1)
     calls = []
     errors = {}
-    with torch.no_grad():
-        for row, artifacts in spec["rows"].items():
-            target, make_call, dynamic = co.build_row(row)
-            for variant, _ in VARIANTS:
-                vspec = {"variant": variant, "artifact": artifacts.get(variant), "modes": [MODE],
-                         "save_errors": {k.rsplit("/", 1)[1]: v for k, v in spec["save_errors"].items()
-                                         if k.startswith(f"{row}/{variant}/")}}
+    for row, artifacts in spec["rows"].items():
+        base, mode = GATE_ROWS[row]
+        target, make_call, dynamic = co.build_row(base)
+        for variant, _ in VARIANTS:
+            vspec = {"variant": variant, "artifact": artifacts.get(variant), "modes": [mode],
+                     "save_errors": {k.rsplit("/", 1)[1]: v for k, v in spec["save_errors"].items()
+                                     if k.startswith(f"{row}/{variant}/")}}
+            with co.grad_mode(mode):
                 fns, info = co.prepare_variant(vspec, target, make_call, dynamic)
-                for err in (info.get("errors") or {}).values():
-                    errors[f"{row}/{variant}"] = err
-                if MODE in fns:
-                    calls.append((row, variant, fns[MODE], make_call()))
-        for _, _, fn, (args, kwargs) in calls:
+            for err in (info.get("errors") or {}).values():
+                errors[f"{row}/{variant}"] = err
+            if mode in fns:
+                calls.append((row, mode, variant, fns[mode], make_call()))
+    for _, mode, _, fn, (args, kwargs) in calls:
+        with co.grad_mode(mode):
             for _ in range(spec["warmup"]):
                 fn(*args, **kwargs)
-        instrumentation_on()
-        dumps = []
-        for row, variant, fn, (args, kwargs) in calls:
+    instrumentation_on()
+    dumps = []
+    for row, mode, variant, fn, (args, kwargs) in calls:
+        # The grad mode is entered and left outside the counted calls.
+        with co.grad_mode(mode):
             for _ in range(INSTRUMENTED_WARMUP):
                 fn(*args, **kwargs)
             gc.collect()
@@ -189,7 +205,7 @@ def measure_rows(spec: dict) -> dict:
                 fn(*args, **kwargs)
             torch._C._valgrind_toggle_and_dump_stats()
             gc.enable()
-            dumps.append(f"{row}/{variant}")
+        dumps.append(f"{row}/{variant}")
     return {"dumps": dumps, "errors": errors}
 
 
@@ -406,7 +422,7 @@ def aggregate(runs: list[dict], args, calls: dict, commit: str, primed_s: float,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "valgrind": subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip(),
         "overlay_commit": commit,
-        "mode": MODE, "calls": calls, "warmup": args.warmup, "margin": MARGIN,
+        "modes": {row: GATE_ROWS[row][1] for row in args.rows}, "calls": calls, "warmup": args.warmup, "margin": MARGIN,
         "runs": len(runs), "priming_s": primed_s, "measuring_s": measured_s,
         "rows": rows, "errors": errors,
     }
@@ -419,7 +435,7 @@ def render(report: dict) -> str:
         "",
         f"Machine: {report['machine']}; {report['valgrind']}; overlay at commit "
         f"{report['overlay_commit'][:10]}{' (dirty)' if report['overlay_commit'].endswith('+dirty') else ''}. "
-        f"{report['mode']}, torch.set_num_threads(1), Inductor; callgrind's Ir over "
+        f"no_grad unless the row says grad, torch.set_num_threads(1), Inductor; callgrind's Ir over "
         f"{calls} calls after {report['warmup']} warmup calls, per call (NOTE: [Counting "
         f"instructions of a call]); {report['runs']} measuring process(es), "
         f"{report['priming_s'] + report['measuring_s']:.0f} s with priming. The gate "
@@ -432,7 +448,7 @@ def render(report: dict) -> str:
     titles = dict(VARIANTS)
     for row, variants in report["rows"].items():
         for variant, entry in variants.items():
-            cells = [co.ROW_TITLES[row], titles[variant], f"{entry['per_call']:,.0f}",
+            cells = [row_title(row), titles[variant], f"{entry['per_call']:,.0f}",
                      f"{entry['vs_eager']:.2f}" if "vs_eager" in entry else ""]
             if report["runs"] > 1:
                 cells.append(f"{entry.get('spread', 0):.4%}")

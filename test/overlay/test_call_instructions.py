@@ -98,6 +98,12 @@ class TestCallInstructions(TestCase):
             sorted(f"{r}/{v}" for r in call_instructions.ROWS for v in call_instructions.GATED_VARIANTS),
         )
 
+    def test_the_mlp_is_gated_in_grad_mode_too(self):
+        # The joint graph's wrappers run only when the parameters need gradients.
+        self.assertEqual(call_instructions.GATE_ROWS["mlp_grad"], ("mlp", "grad"))
+        self.assertEqual(call_instructions.row_title("mlp_grad"), "(b) seed MLP, batch 2, grad")
+        self.assertEqual(call_instructions.row_title("mlp"), "(b) seed MLP, batch 2")
+
     def test_missing_valgrind_is_exit_2_with_a_message(self):
         stderr = io.StringIO()
         with mock.patch("shutil.which", return_value=None), contextlib.redirect_stderr(stderr):
