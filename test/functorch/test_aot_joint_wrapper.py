@@ -3,8 +3,9 @@
 (See NOTE: [Joint graphs with nothing to fix up]): inputs that never need
 gradients arrive detached, the compiled function runs with grad and original
 view tracking on, both modes are restored after the call (also when it raises),
-and outputs and gradients are eager's. A joint graph that mutates an input or
-returns an alias of one keeps the full runtime wrapper."""
+and outputs and gradients are eager's. A joint graph that mutates an input,
+returns an alias of one or was compiled under autocast keeps the full runtime
+wrapper."""
 
 from unittest import mock
 
