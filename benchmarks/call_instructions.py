@@ -5,8 +5,9 @@ time (issue 30 item 4).
 Rows (call_overhead.py's): (b) the seed MLP (models.SeedMLP, batch 2) in no_grad
 ('mlp') and in grad mode ('mlp_grad': its parameters need gradients, so a call
 runs the joint graph's autograd.Function), and (c) the 32-layer decoder stack of
-small layers ('stack32') in no_grad; torch.set_num_threads(1), Inductor. Eager is counted the same way, in the same
-process, so that every loaded figure is also a ratio to eager.
+small layers ('stack32') in no_grad; torch.set_num_threads(1), Inductor. Eager
+is counted the same way, in the same process, so that every loaded figure is
+also a ratio to eager.
 
     make bench-call-instructions   (measures; rewrites the baseline benchmarks/results/call_instructions.{json,md})
     make check-call-instructions   (the gate: exit 1 when a loaded row exceeds the baseline by more than MARGIN)

@@ -146,5 +146,6 @@ class TestBaseTestSkips(TestCase):
             },
         )
 
+
 if __name__ == "__main__":
     run_tests()
