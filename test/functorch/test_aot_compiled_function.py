@@ -55,7 +55,9 @@ def _detached_copies(tensors):
     return [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
 
 
-class CompiledFunctionApplyTests(torch._dynamo.test_case.TestCase):
+class _EagerComparison(torch._dynamo.test_case.TestCase):
+    """Compiles a function and compares it with eager."""
+
     def setUp(self):
         super().setUp()
         _Double.seen.clear()
@@ -80,21 +82,9 @@ class CompiledFunctionApplyTests(torch._dynamo.test_case.TestCase):
                 self.assertEqual(a.grad, r.grad)
         return compiled
 
-    @parametrize("backend", ["aot_eager", "inductor"])
-    def test_a_compiled_call_does_not_go_through_function_apply(self, backend):
-        x, w = _inputs((4, 5), (5, 3))
-        compiled = self._check_against_eager(_mlp, [x, w], backend)
-        # Function.apply's generic per-call work, looked up when it runs (the
-        # bound apply itself is captured when the graph is compiled).
-        generic = AssertionError("Function.apply's generic path")
-        with mock.patch.object(
-            torch.autograd.function, "_is_setup_context_defined", side_effect=generic
-        ), mock.patch.object(
-            torch._functorch.utils, "unwrap_dead_wrappers", side_effect=generic
-        ):
-            out = compiled(x, w)
-        self.assertEqual(out, _mlp(x, w))
-        self.assertTrue(out.requires_grad)
+
+class CompiledFunctionResultsTests(_EagerComparison):
+    """What a compiled joint graph returns: eager's, on any base."""
 
     @parametrize("backend", ["aot_eager", "inductor"])
     def test_returns_that_never_require_grad_are_non_differentiable(self, backend):
@@ -110,6 +100,28 @@ class CompiledFunctionApplyTests(torch._dynamo.test_case.TestCase):
             dynamic=True,
             calls=[_inputs((7, 2, 3), (6, 5)), _inputs((3, 2, 3), (6, 5))],
         )
+
+
+class BoxedFunctionApplyTests(_EagerComparison):
+    """How AOTAutograd applies CompiledFunction (See NOTE: [Applying
+    CompiledFunction])."""
+
+    @parametrize("backend", ["aot_eager", "inductor"])
+    def test_a_compiled_call_does_not_go_through_function_apply(self, backend):
+        x, w = _inputs((4, 5), (5, 3))
+        compiled = self._check_against_eager(_mlp, [x, w], backend)
+        # Function.apply's generic per-call work, which it looks up when it
+        # runs (AOTAutograd's caller binds unwrap_dead_wrappers at import, and
+        # the graph's bound apply is captured when it is compiled).
+        generic = AssertionError("Function.apply's generic path")
+        with mock.patch.object(
+            torch.autograd.function, "_is_setup_context_defined", side_effect=generic
+        ), mock.patch.object(
+            torch._functorch.utils, "unwrap_dead_wrappers", side_effect=generic
+        ):
+            out = compiled(x, w)
+        self.assertEqual(out, _mlp(x, w))
+        self.assertTrue(out.requires_grad)
 
     def test_the_boxed_caller_passes_symints_and_records_the_backward(self):
         apply_boxed = runtime_wrappers._boxed_function_apply(_Double)
@@ -169,7 +181,8 @@ class CompiledFunctionApplyTests(torch._dynamo.test_case.TestCase):
             runtime_wrappers._boxed_function_apply(WithSetupContext)
 
 
-instantiate_parametrized_tests(CompiledFunctionApplyTests)
+instantiate_parametrized_tests(CompiledFunctionResultsTests)
+instantiate_parametrized_tests(BoxedFunctionApplyTests)
 
 
 if __name__ == "__main__":
