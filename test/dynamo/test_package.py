@@ -1320,7 +1320,97 @@ class TestPackageCallbackChain(torch._dynamo.test_case.TestCase):
             self.assertEqual(torch._dynamo.utils.counters["stats"]["unique_graphs"], graphs)
 
 
+class TestLoadedGraphCalls(PackageTestCase):
+    """How a loaded entry's bytecode calls its graphs (NOTE: [A packaged graph's
+    frame is skipped by Dynamo with all it calls] in
+    torch/_dynamo/package_artifacts.py)."""
+
+    def load(self, backend):
+        package_dir = str(self.tmp / "pkg")
+        x = torch.randn(4, 3)
+        compiled = torch.compile(_scaled_sum, backend=backend, package=package_dir)
+        compiled(x)
+        compiled.save_package()
+        torch._dynamo.reset()
+        compiled = torch.compile(_scaled_sum, backend=backend, package=package_dir)
+        before = set(globals())
+        compiled.load_package()
+        with torch.compiler.set_stance("fail_on_recompile"):
+            self.assertEqual(compiled(x), _scaled_sum(x))
+        # What this load installed in _scaled_sum's module for its graph.
+        (installed,) = [globals()[name] for name in set(globals()) - before if name.startswith("__compiled_fn")]
+        return compiled, installed, x
+
+    @parametrize("backend", ["aot_eager", "inductor"])
+    def test_the_bytecode_calls_the_packaged_graph_itself(self, backend):
+        from torch._dynamo.package_artifacts import _PackagedAOTEagerGraph, _PackagedInductorGraph
+
+        _, graph, _ = self.load(backend)
+        kind = _PackagedAOTEagerGraph if backend == "aot_eager" else _PackagedInductorGraph
+        self.assertIsInstance(graph, kind)
+        self.assertFalse(hasattr(graph, "_torchdynamo_disable"))
+
+    def test_an_eager_graph_is_called_through_disable(self):
+        # The eager backend's graph is a GraphModule's forward, code this
+        # module does not own.
+        _, graph, _ = self.load("eager")
+        self.assertTrue(graph._torchdynamo_disable)
+        self.assertIsInstance(graph._torchdynamo_orig_callable.__self__, torch.fx.GraphModule)
+
+    def test_dynamo_sees_no_frame_under_a_packaged_graph(self):
+        from torch._C._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+        compiled, graph, x = self.load("aot_eager")
+        calls = []
+
+        def through_user_code(real):
+            # A frame Dynamo would compile (a user function taking tensors):
+            # under fail_on_recompile, seeing it raises.
+            def user_frame(*args):
+                calls.append(len(args))
+                return real(*args)
+
+            return user_frame
+
+        graph.compiled = {key: through_user_code(fn) for key, fn in graph.compiled.items()}
+        with torch.compiler.set_stance("fail_on_recompile"):
+            self.assertEqual(compiled(x), _scaled_sum(x))
+        self.assertEqual(len(calls), 1)
+        # Without the code's exec strategy, the hook reaches the user frame.
+        call_code = type(graph).__call__.__code__
+        set_code_exec_strategy(call_code, FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT))
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                with self.assertRaisesRegex(RuntimeError, "Detected recompile.*user_frame"):
+                    compiled(x)
+        finally:
+            set_code_exec_strategy(call_code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+
+    def test_a_graph_that_raises_leaves_dynamo_as_it_was(self):
+        from torch._dynamo.testing import CompileCounter
+
+        compiled, installed, x = self.load("aot_eager")
+        graph = getattr(installed, "_torchdynamo_orig_callable", installed)
+        kept = graph.compiled
+
+        def raising(*args):
+            raise ValueError("from the graph")
+
+        graph.compiled = dict.fromkeys(kept, raising)
+        with self.assertRaisesRegex(ValueError, "from the graph"):
+            compiled(x)
+        graph.compiled = kept
+        with torch.compiler.set_stance("fail_on_recompile"):
+            self.assertEqual(compiled(x), _scaled_sum(x))
+        counter = CompileCounter()
+        other = torch.compile(_write_into, backend=counter)
+        other(torch.zeros(4, 3), torch.ones(3))
+        self.assertEqual(counter.frame_count, 1)
+
+
 instantiate_parametrized_tests(TestPackage)
+instantiate_parametrized_tests(TestLoadedGraphCalls)
 instantiate_parametrized_tests(TestPackageCallbackChain)
 instantiate_parametrized_tests(TestPackageCompileOptions)
 instantiate_parametrized_tests(TestPackageFormat)

@@ -58,6 +58,7 @@ from .package_artifacts import (
     deserialize_graph,
     dump_code,
     folded_parameters,
+    graph_for_bytecode,
     guard_filter_manifest_fields,
     load_code,
     overlay_series_hash,
@@ -1872,7 +1873,7 @@ class CompilePackage:
         for name, ref in entry.globals.items():
             unique = f"{name}_pkg{self._uid}"
             if ref[0] == "graph":
-                f_globals[unique] = torch._dynamo.disable(graphs[ref[1]])
+                f_globals[unique] = graph_for_bytecode(graphs[ref[1]])
                 renames[name] = unique
             elif ref[0] == "resume":
                 fn = types.FunctionType(codes[name], f_globals, ref[1])

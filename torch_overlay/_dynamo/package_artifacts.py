@@ -1238,6 +1238,54 @@ class _PackagedAOTEagerGraph:
         return fn(*args)
 
 
+# NOTE: [A packaged graph's frame is skipped by Dynamo with all it calls]
+# A loaded entry's bytecode calls its graphs the way a fresh compile's does,
+# with Dynamo's frame hook still set (the entry's own frame is Dynamo's), and
+# Dynamo must neither compile the graph's frame nor any frame it calls
+# (AOTAutograd's wrappers, the generated module's call(), the first call's
+# rebuilding). OutputGraph installs each compiled graph wrapped in
+# torch._dynamo.disable for that, and so did a load: a Python wrapper that
+# unsets the hook and sets it back, two more Python frames and five C calls on
+# every call. The __call__ of the graph classes above is code this module owns:
+# its code object carries the frame exec strategy "skip this frame and every
+# frame it calls" (torch 2.7's FrameExecStrategy, what Dynamo sets on a code
+# that hit the recompile limit under skip_code_recursive_on_recompile_limit_hit),
+# which the C frame hook reads from the code and obeys by running the frame with
+# the hook unset: the same effect, without a Python frame. A graph of another
+# kind (the eager backend's forward, a custom backend's callable) keeps the
+# wrapper, and so does every graph on a torch whose frame hook has no exec
+# strategies (torch 2.6.0).
+def _skip_with_all_it_calls(code: types.CodeType) -> bool:
+    """Mark ``code`` (see the NOTE above); False where this torch cannot."""
+    set_code_exec_strategy = getattr(torch._C._dynamo.eval_frame, "set_code_exec_strategy", None)
+    if set_code_exec_strategy is None:
+        return False
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    return True
+
+
+_GRAPHS_SKIPPED_BY_THEIR_CODE: tuple[type, ...] = tuple(
+    cls
+    for cls in (_PackagedInductorGraph, _PackagedAOTEagerGraph)
+    if _skip_with_all_it_calls(cls.__call__.__code__)
+)
+
+
+def graph_for_bytecode(graph: Callable[..., Any]) -> Callable[..., Any]:
+    """What a loaded entry's bytecode calls for ``graph``: the graph itself when
+    Dynamo skips its frame and all it calls by its code, else the graph under
+    torch._dynamo.disable (NOTE: [A packaged graph's frame is skipped by Dynamo
+    with all it calls])."""
+    # A subclass that overrides __call__ has code of its own, unmarked.
+    if isinstance(graph, _GRAPHS_SKIPPED_BY_THEIR_CODE) and any(
+        type(graph).__call__ is cls.__call__ for cls in _GRAPHS_SKIPPED_BY_THEIR_CODE
+    ):
+        return graph
+    return torch._dynamo.disable(graph)
+
+
 # NOTE: [FX graphs of eager and aot_eager packages]
 # A GraphModule pickles as its generated code, which unpickling traces again
 # with torch.fx's symbolic tracer. Dynamo's graphs with dynamic shapes do not
