@@ -1257,11 +1257,11 @@ class _PackagedAOTEagerGraph:
 # strategies (torch 2.6.0).
 def _skip_with_all_it_calls(code: types.CodeType) -> bool:
     """Mark ``code`` (see the NOTE above); False where this torch cannot."""
-    set_code_exec_strategy = getattr(torch._C._dynamo.eval_frame, "set_code_exec_strategy", None)
-    if set_code_exec_strategy is None:
+    try:
+        from torch._C._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+    except ImportError:  # torch 2.6.0
         return False
-    from torch._dynamo.types import FrameAction, FrameExecStrategy
-
     set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
     return True
 
@@ -1279,11 +1279,12 @@ def graph_for_bytecode(graph: Callable[..., Any]) -> Callable[..., Any]:
     torch._dynamo.disable (NOTE: [A packaged graph's frame is skipped by Dynamo
     with all it calls])."""
     # A subclass that overrides __call__ has code of its own, unmarked.
-    if isinstance(graph, _GRAPHS_SKIPPED_BY_THEIR_CODE) and any(
+    skipped_by_its_code = isinstance(graph, _GRAPHS_SKIPPED_BY_THEIR_CODE) and any(
         type(graph).__call__ is cls.__call__ for cls in _GRAPHS_SKIPPED_BY_THEIR_CODE
-    ):
+    )
+    if skipped_by_its_code:
         return graph
-    return torch._dynamo.disable(graph)
+    return cast(Callable[..., Any], torch._dynamo.disable(graph))
 
 
 # NOTE: [FX graphs of eager and aot_eager packages]
