@@ -72,6 +72,12 @@ ext_modules = [
         + ([NLOHMANN_JSON_INCLUDE_DIR] if NLOHMANN_JSON_INCLUDE_DIR else []),
         extra_compile_args=["-O2", "-g0", "-fvisibility=hidden", *REPRODUCIBLE_PATHS],
     ),
+    # The fast path of recursive dict-tag guards (CPython's C API only).
+    CppExtension(
+        "torch_overlay.compat._dynamo._dict_tag_guards_C",
+        ["torch_overlay/compat/csrc/dict_tag_guards.cpp"],
+        extra_compile_args=["-O2", "-g0", "-fvisibility=hidden", *REPRODUCIBLE_PATHS],
+    ),
 ]
 
 
