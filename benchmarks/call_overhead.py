@@ -61,6 +61,7 @@ VARIANTS = (
     ("eager", "overlay", False),
     ("compile", "overlay", False),
     ("package", "overlay", True),
+    ("package-dict-tags", "overlay", True),
     ("aot", "overlay", True),
     ("upstream-eager", "upstream", False),
     ("upstream-compile", "upstream", False),
@@ -71,6 +72,7 @@ VARIANT_TITLES = {
     "eager": "eager",
     "compile": "torch.compile (fresh)",
     "package": "package load (ours)",
+    "package-dict-tags": "package load (ours), recursive dict tags",
     "aot": "aot_compile load (ours)",
     "upstream-eager": "2.13 eager",
     "upstream-compile": "2.13 torch.compile (fresh)",
@@ -197,7 +199,7 @@ def save_variant(spec: dict) -> dict:
     variant, artifact = spec["variant"], spec["artifact"]
     target, make_call, dynamic = build_row(spec["row"])
     errors = {}
-    if variant == "package":
+    if variant.startswith("package"):
         compiled = compile_target(target, dynamic, package=artifact)
         for mode in modes:
             with grad_mode(mode):
@@ -246,7 +248,10 @@ def prepare_variant(spec: dict, target, make_call, dynamic):
     if variant.endswith("compile") and not variant.endswith("precompile"):
         compiled = compile_target(target, dynamic)
         return dict.fromkeys(modes, compiled), info
-    if variant == "package":
+    if variant.startswith("package"):
+        # The same package, loaded with torch._dynamo.config's
+        # use_recursive_dict_tags_for_guards on (package-dict-tags) or off.
+        torch._dynamo.config.use_recursive_dict_tags_for_guards = variant == "package-dict-tags"
         compiled = compile_target(target, dynamic, package=artifact)
         compiled.load_package()
         torch.compiler.set_stance("fail_on_recompile")
@@ -409,12 +414,19 @@ def _raw_call(fn):
 def count_guards(guard_manager) -> int:
     """Leaf guards of a guard manager: the lines of its printed tree that are
     guards, not managers (walking get_child_managers() misses the key and value
-    managers of dict guard managers, where an nn.ModuleList's guards live)."""
+    managers of dict guard managers, where an nn.ModuleList's guards live).
+    Subtrees built apart for recursive dict tags count their own guards, not
+    the one guard that stands for each in the tree."""
     count = 0
     for line in str(guard_manager).splitlines():
         _, sep, item = line.partition("+- ")
         if sep and "Manager" not in item.split(":", 1)[0]:
             count += 1
+    subtrees = getattr(guard_manager, "dict_tag_subtrees", None)
+    if subtrees is not None:
+        wrapper = type(guard_manager)
+        for subtree in subtrees.by_source.values():
+            count += count_guards(wrapper(subtree.manager)) - 1
     return count
 
 
@@ -660,7 +672,10 @@ def measure_variant(spec: dict) -> dict:
     fresh_calls = spec["row"] == "llama"
     fns, info = prepare_variant(spec, target, make_call, dynamic)
     out = {"modes": {}, **info}
-    dynamo = spec["variant"].split("-")[-1] in ("compile", "package", "precompile")
+    dynamo = spec["variant"].startswith("package") or spec["variant"].split("-")[-1] in (
+        "compile",
+        "precompile",
+    )
     for mode in MODES:
         fn = fns.get(mode)
         if fn is None:
@@ -829,7 +844,7 @@ def measure(args) -> dict:
         with concurrent.futures.ThreadPoolExecutor(args.save_jobs) as pool:
             for (row, variant, interpreter), artifact, cache, res in pool.map(save, jobs):
                 saved[(row, variant)] = (artifact, res)
-                if variant in ("package", "upstream-precompile"):
+                if variant in ("package", "package-dict-tags", "upstream-precompile"):
                     warm[(row, interpreter)] = cache
         samples = {}
         for rnd in range(args.rounds):
