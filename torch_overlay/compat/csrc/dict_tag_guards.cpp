@@ -26,7 +26,9 @@ namespace {
 // A snapshot is a list of entries in the order the subtree's guards reach them,
 // parents first, recorded right after the subtree's guards passed:
 //   OBJ_DICT: an object's instance dict is still the recorded dict object, and
-//             that dict's version tag is unchanged;
+//             that dict's version tag is unchanged (and, when the entry was
+//             recorded right after a TYPE entry of the same object, its type:
+//             one entry for a module's TYPE_MATCH and its __dict__);
 //   DICT:     a dict (a value of a dict checked before it) has its version tag;
 //   TYPE:     an object (reached through dicts checked before it) has its type.
 // Every object an entry points to is reached from the root through dicts whose
@@ -105,7 +107,9 @@ bool snapshot_matches(DictTagGuard* self, PyObject* value) {
   for (const Entry& e : it->second.entries) {
     switch (e.kind) {
       case EntryKind::OBJ_DICT:
-        if (instance_dict(e.obj) != e.dict || dict_version(e.dict) != e.tag) {
+        if ((e.type != nullptr &&
+             reinterpret_cast<PyObject*>(Py_TYPE(e.obj)) != e.type) ||
+            instance_dict(e.obj) != e.dict || dict_version(e.dict) != e.tag) {
           return false;
         }
         break;
@@ -260,6 +264,13 @@ PyObject* DictTagGuard_record(DictTagGuard* self, PyObject* args) {
     }
     if (e.dict != nullptr) {
       e.tag = dict_version(e.dict);
+    }
+    if (e.kind == EntryKind::OBJ_DICT && !recorded.empty() &&
+        recorded.back().kind == EntryKind::TYPE && recorded.back().obj == obj) {
+      // The object's type and its dict in one entry.
+      e.type = recorded.back().type;
+      recorded.back() = e;
+      continue;
     }
     recorded.push_back(e);
   }
