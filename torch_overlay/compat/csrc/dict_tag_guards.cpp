@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -210,12 +211,14 @@ PyObject* DictTagGuard_record(DictTagGuard* self, PyObject* args) {
   if (seq == nullptr) {
     return nullptr;
   }
-  PyObject* root_ref = PyWeakref_NewRef(root, nullptr);
-  if (root_ref == nullptr) {
+  // Built apart and released whole if anything fails.
+  Snapshot candidate;
+  candidate.root_ref = PyWeakref_NewRef(root, nullptr);
+  if (candidate.root_ref == nullptr) {
     Py_DECREF(seq);
     return nullptr;
   }
-  std::vector<Entry> recorded;
+  std::vector<Entry>& recorded = candidate.entries;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   recorded.reserve(n);
   for (Py_ssize_t i = 0; i < n; ++i) {
@@ -226,10 +229,7 @@ PyObject* DictTagGuard_record(DictTagGuard* self, PyObject* args) {
       if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_TypeError, "each entry is a (kind, object) tuple");
       }
-      for (Entry& e : recorded) {
-        Py_XDECREF(e.type);
-      }
-      Py_DECREF(root_ref);
+      release(candidate);
       Py_DECREF(seq);
       return nullptr;
     }
@@ -255,10 +255,7 @@ PyObject* DictTagGuard_record(DictTagGuard* self, PyObject* args) {
     }
     if (PyErr_Occurred()) {
       Py_XDECREF(e.type);
-      for (Entry& r : recorded) {
-        Py_XDECREF(r.type);
-      }
-      Py_DECREF(root_ref);
+      release(candidate);
       Py_DECREF(seq);
       return nullptr;
     }
@@ -289,17 +286,13 @@ PyObject* DictTagGuard_record(DictTagGuard* self, PyObject* args) {
       }
     }
     if (static_cast<Py_ssize_t>(self->snapshots->size()) >= self->max_snapshots) {
-      for (Entry& e : recorded) {
-        Py_XDECREF(e.type);
-      }
-      Py_DECREF(root_ref);
+      release(candidate);
       Py_RETURN_FALSE;
     }
     it = self->snapshots->emplace(root, Snapshot()).first;
   }
   release(it->second);
-  it->second.root_ref = root_ref;
-  it->second.entries.swap(recorded);
+  std::swap(it->second, candidate); // candidate now holds nothing
   Py_RETURN_TRUE;
 }
 
