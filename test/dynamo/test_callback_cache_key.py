@@ -10,7 +10,9 @@ before, and that the forwarder is made once and forwards misses.
 """
 
 import functools
+import gc
 import sys
+import weakref
 
 import torch
 import torch._dynamo.test_case
@@ -158,6 +160,22 @@ class TestCallbackCacheKey(torch._dynamo.test_case.TestCase):
         self.assertIn("_callback_from_stance", calls)
         self.assertNotIn("_keyed_callback", calls)
         self.assertNotIn("_KeyedCallback.__call__", calls)
+
+    def test_a_dropped_compiled_function_frees_its_callback_without_gc(self):
+        # The callback keeps its forwarder; the forwarder holds it weakly, so
+        # no cycle keeps the backend (and what it compiled) alive.
+        compiled = torch.compile(add_one, backend="eager")
+        compiled(torch.randn(4))
+        callback = dynamo_callback(compiled)
+        self.assertIsInstance(callback._torchdynamo_keyed_callback, _KeyedCallback)
+        dropped = weakref.ref(callback)
+        del callback
+        gc.disable()
+        try:
+            del compiled
+            self.assertIsNone(dropped())
+        finally:
+            gc.enable()
 
     def test_force_backend_is_unchanged(self):
         callback = dynamo_callback(torch.compile(add_one, backend="eager"))
