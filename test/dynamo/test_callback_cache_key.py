@@ -11,7 +11,6 @@ before, and that the forwarder is made once and forwards misses.
 
 import functools
 import gc
-import sys
 import weakref
 
 import torch
@@ -22,6 +21,10 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
 )
+
+
+# The tracer of Python calls the per-call entry tests use.
+from test_compiled_call_entry import python_calls
 
 
 def add_one(x):
@@ -146,17 +149,7 @@ class TestCallbackCacheKey(torch._dynamo.test_case.TestCase):
         compiled = torch.compile(add_one, backend="eager")
         x = torch.randn(4)
         compiled(x)
-        calls = []
-
-        def profile(frame, event, arg):
-            if event == "call":
-                calls.append(frame.f_code.co_qualname)
-
-        sys.setprofile(profile)
-        try:
-            compiled(x)
-        finally:
-            sys.setprofile(None)
+        calls = python_calls(lambda: compiled(x))
         self.assertIn("_callback_from_stance", calls)
         self.assertNotIn("_keyed_callback", calls)
         self.assertNotIn("_KeyedCallback.__call__", calls)
