@@ -16,7 +16,7 @@ import weakref
 import torch
 import torch._dynamo.test_case
 import torch._dynamo.testing
-from torch._dynamo.eval_frame import _callback_from_stance, _KeyedCallback
+from torch._dynamo import eval_frame
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
@@ -57,11 +57,11 @@ class TestCallbackCacheKey(torch._dynamo.test_case.TestCase):
         self.assertEqual(links, 3)
         self.assertIs(key.compiler_fn, counter)
         with torch.compiler.set_stance(stance):
-            installed = _callback_from_stance(callback)
-            self.assertIsInstance(installed, _KeyedCallback)
+            installed = eval_frame._callback_from_stance(callback)
+            self.assertIsInstance(installed, eval_frame._KeyedCallback)
             self.assertEqual(chain_end(installed), (key, 1))
             # Made once: every later call of the compiled function gets it again.
-            self.assertIs(_callback_from_stance(callback), installed)
+            self.assertIs(eval_frame._callback_from_stance(callback), installed)
             if stance == "default":
                 self.assertIs(installed.callback, callback)
             else:
@@ -72,8 +72,8 @@ class TestCallbackCacheKey(torch._dynamo.test_case.TestCase):
     def test_a_reinstalled_prior_callback_keeps_its_key(self, stance):
         callback = dynamo_callback(torch.compile(add_one, backend="eager"))
         with torch.compiler.set_stance(stance):
-            installed = _callback_from_stance(callback)
-            reinstalled = _callback_from_stance(installed)
+            installed = eval_frame._callback_from_stance(callback)
+            reinstalled = eval_frame._callback_from_stance(installed)
             self.assertEqual(chain_end(reinstalled), chain_end(installed))
             if stance == "default":
                 self.assertIs(reinstalled, installed)
@@ -113,9 +113,9 @@ class TestCallbackCacheKey(torch._dynamo.test_case.TestCase):
         counter = torch._dynamo.testing.CompileCounter()
         compiled = torch.compile(add_one, backend=counter)
         callback = dynamo_callback(compiled)
-        keyed = _callback_from_stance(callback)
+        keyed = eval_frame._callback_from_stance(callback)
         with torch.compiler.set_stance(stance):
-            delayed = _callback_from_stance(keyed)
+            delayed = eval_frame._callback_from_stance(keyed)
             cells = dict(zip(delayed.__code__.co_freevars, delayed.__closure__))
             self.assertIs(cells["callback"].cell_contents, callback)
             for _ in range(3):
@@ -125,7 +125,7 @@ class TestCallbackCacheKey(torch._dynamo.test_case.TestCase):
     def test_a_copied_attribute_is_not_trusted(self):
         # functools.wraps copies __dict__, forwarder included.
         first = dynamo_callback(torch.compile(add_one, backend="eager"))
-        installed = _callback_from_stance(first)
+        installed = eval_frame._callback_from_stance(first)
 
         class Callback:
             def __call__(self, *args, **kwargs):
@@ -133,7 +133,7 @@ class TestCallbackCacheKey(torch._dynamo.test_case.TestCase):
 
         second = functools.wraps(first)(Callback())
         self.assertIs(second._torchdynamo_keyed_callback, installed)
-        self.assertIs(_callback_from_stance(second).callback, second)
+        self.assertIs(eval_frame._callback_from_stance(second).callback, second)
 
     def test_a_callback_without_attributes_is_installed_as_it_is(self):
         callback = dynamo_callback(torch.compile(add_one, backend="eager"))
@@ -143,7 +143,7 @@ class TestCallbackCacheKey(torch._dynamo.test_case.TestCase):
                 return callback(*args, **kwargs)
 
         bound = Holder().callback
-        self.assertIs(_callback_from_stance(bound), bound)
+        self.assertIs(eval_frame._callback_from_stance(bound), bound)
 
     def test_a_call_walks_nothing_in_python(self):
         compiled = torch.compile(add_one, backend="eager")
@@ -160,7 +160,7 @@ class TestCallbackCacheKey(torch._dynamo.test_case.TestCase):
         compiled = torch.compile(add_one, backend="eager")
         compiled(torch.randn(4))
         callback = dynamo_callback(compiled)
-        self.assertIsInstance(callback._torchdynamo_keyed_callback, _KeyedCallback)
+        self.assertIsInstance(callback._torchdynamo_keyed_callback, eval_frame._KeyedCallback)
         dropped = weakref.ref(callback)
         del callback
         gc.disable()
@@ -173,8 +173,8 @@ class TestCallbackCacheKey(torch._dynamo.test_case.TestCase):
     def test_force_backend_is_unchanged(self):
         callback = dynamo_callback(torch.compile(add_one, backend="eager"))
         with torch.compiler.set_stance("default", force_backend="eager"):
-            forced = _callback_from_stance(callback)
-        self.assertNotIsInstance(forced, _KeyedCallback)
+            forced = eval_frame._callback_from_stance(callback)
+        self.assertNotIsInstance(forced, eval_frame._KeyedCallback)
         self.assertIsNot(forced, callback)
 
 
