@@ -1995,6 +1995,8 @@ class PackageAwareConvertFrame:
             guarded = installed_lookup(frame, cache_entry, exclude=self.package)
         if guarded is None:
             return None
+        if guarded is not SKIP_FRAME:
+            _note_routable(guarded, self, frame)
         if not _callbacks_return_convert_frame_return():
             # NOTE: [Frame callback results on torch 2.6.0]
             return guarded
@@ -2034,6 +2036,260 @@ class PackageAwareConvertFrame:
         if _skips_code(result):
             self.package.record_skip(frame)
         return result
+
+
+# NOTE: [A loaded package's module calls its entries without the frame hook]
+# A call of a compiled module goes nn.Module.__call__ (the OptimizedModule's) ->
+# Dynamo's _fn (installs the frame callback) -> the inner module's
+# nn.Module.__call__ -> its forward frame, which the C frame hook looks up in
+# the code's cache and replaces with the entry's bytecode. For an entry loaded
+# from a package that is a layer of Python and C the aot_compile function does
+# not have: it binds the arguments, checks the guards and calls the graph.
+# A loaded package's OptimizedModule takes the aot_compile function's path for
+# its forward when nothing else could differ from the hook's:
+# - the entry came from the package (lookup_precompiled installed it, under this
+#   module's callback, so the C cache keys it by this backend) and its bytecode
+#   only reads its inputs and calls graphs: no resume function, no global but
+#   Dynamo's __compiled_fn_* and __import_* names, no Python function reached
+#   through an imported module, no store but to its own locals
+#   (_routable_bytecode). Such bytecode calls nothing the frame callback would
+#   see: the graphs run skipped or under torch._dynamo.disable either way;
+# - the entry is still in the forward code's cache (torch._dynamo.reset() and
+#   invalidated guards take it out, or give it another guard manager);
+# - stance default or fail_on_recompile, no forced backend, no skipped guards;
+#   no frame callback installed by a caller (a compiled region, a disable
+#   context), no profiler (the hook's "Torch-Compiled Region" event), no FX or
+#   JIT tracing (_fn's errors);
+# - the inner module has no hooks (its own or global), no compiled
+#   _call_impl, no per-instance forward, and its class's __call__ and forward
+#   are the ones seen when the OptimizedModule was made; forward takes plain
+#   positional-or-keyword parameters, and its closure (super()'s __class__
+#   cell) is the one the entry's frame ran with.
+# Then the wrapper binds the arguments as the frame's locals, checks the guard
+# managers of the package's entries in the cache's order (the same C++ check the
+# hook runs on the same locals) and calls the first that accepts them, with the
+# context's enter hooks (NOTE: [Entries a package's model uses]) around it as _fn
+# runs them. Anything else, and a miss, takes _fn: the hook's lookup, the
+# recompile, fail_on_recompile's error. Entries compiled in this process are
+# never routed: they may carry side effects and resume functions.
+_ROUTE_ATTR = "_torchdynamo_package_route"
+
+# Opcodes of bytecode that reads its inputs and calls graphs (3.10 - 3.12).
+_ROUTABLE_OPS = frozenset(
+    {
+        # no-ops and frame setup
+        "RESUME", "NOP", "CACHE", "MAKE_CELL", "COPY_FREE_VARS",
+        # reads of inputs, constants and Dynamo's globals; stores to locals
+        "LOAD_GLOBAL", "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_CONST", "LOAD_ATTR",
+        "LOAD_METHOD", "BINARY_SUBSCR", "STORE_FAST", "DELETE_FAST",
+        # the stack
+        "COPY", "SWAP", "ROT_TWO", "ROT_THREE", "ROT_N", "DUP_TOP", "POP_TOP", "PUSH_NULL",
+        # calls (what is called is checked apart) and their arguments
+        "PRECALL", "CALL", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD", "KW_NAMES",
+        "UNPACK_SEQUENCE", "BUILD_TUPLE", "BUILD_LIST", "BUILD_MAP", "BUILD_CONST_KEY_MAP",
+        "LIST_EXTEND", "RETURN_VALUE", "RETURN_CONST",
+    }
+)  # fmt: skip
+_UNROUTABLE_CODE_FLAGS = (
+    inspect.CO_VARARGS
+    | inspect.CO_VARKEYWORDS
+    | inspect.CO_GENERATOR
+    | inspect.CO_COROUTINE
+    | inspect.CO_ASYNC_GENERATOR
+    | inspect.CO_ITERABLE_COROUTINE
+)
+
+
+# What an entry's bytecode may reach through an imported module: C functions
+# (torch.relu, dict.__getitem__), which run no Python frame the hook could see.
+_C_CALLABLES = (
+    types.BuiltinFunctionType,
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.MethodWrapperType,
+    types.ClassMethodDescriptorType,
+)
+
+
+def _routable_bytecode(code: types.CodeType, f_globals: dict) -> bool:
+    """Whether ``code`` (an entry's bytecode) only reads its inputs and calls
+    graphs (NOTE: [A loaded package's module calls its entries without the frame hook])."""
+    import dis
+
+    if code.co_flags & _UNROUTABLE_CODE_FLAGS:
+        return False
+    # The object an attribute chain from an imported module (__import_torch
+    # .relu) has reached so far.
+    reached = None
+    for instruction in dis.get_instructions(code):
+        opname = instruction.opname
+        if opname not in _ROUTABLE_OPS:
+            return False
+        if opname == "LOAD_GLOBAL":
+            name = instruction.argval
+            if name.startswith("__import_"):
+                reached = f_globals.get(name)
+                if not isinstance(reached, types.ModuleType):
+                    return False
+            elif name.startswith("__compiled_fn"):
+                reached = None
+            else:
+                return False
+        elif opname in ("LOAD_ATTR", "LOAD_METHOD") and reached is not None:
+            reached = getattr(reached, instruction.argval, None)
+            if isinstance(reached, types.ModuleType):
+                continue
+            if not isinstance(reached, _C_CALLABLES):
+                return False
+            reached = None
+        elif opname not in ("CACHE", "PUSH_NULL"):
+            reached = None
+    return True
+
+
+def _note_routable(guarded, convert_frame: PackageAwareConvertFrame, frame) -> None:
+    """Mark a loaded entry the C cache is about to hold as one its module may
+    call without the frame hook, when it is one."""
+    manager = getattr(guarded, "guard_manager", None)
+    code = getattr(guarded, "code", None)
+    if manager is None or code is None or code.co_argcount != frame.f_code.co_argcount:
+        return
+    if code.co_freevars != frame.f_code.co_freevars or not _routable_bytecode(code, frame.f_globals):
+        return
+    # The closure the frame runs with (forward's __class__ cell, for super()).
+    closure = getattr(frame, "closure", None) if code.co_freevars else None
+    entry_fn = types.FunctionType(code, frame.f_globals, frame.f_code.co_name, None, closure)
+    try:
+        setattr(manager, _ROUTE_ATTR, (convert_frame, entry_fn))
+    except AttributeError:
+        return
+
+
+def _find_package_convert_frame(callback) -> Optional[PackageAwareConvertFrame]:
+    lookup = find_precompiled_lookup(callback)
+    owner = getattr(lookup, "__self__", None)
+    return owner if isinstance(owner, PackageAwareConvertFrame) else None
+
+
+def loaded_entry_route(module: torch.nn.Module, compiled_call: Callable, dynamo_ctx) -> Callable:
+    """``compiled_call`` (the OptimizedModule's forward through Dynamo's _fn),
+    taking the aot_compile function's path to the package's loaded entries
+    (NOTE: [A loaded package's module calls its entries without the frame hook])."""
+    module_type = type(module)
+    forward = getattr(module_type, "forward", None)
+    module_call = module_type.__call__
+    convert_frame = _find_package_convert_frame(getattr(dynamo_ctx, "callback", None))
+    if not isinstance(forward, types.FunctionType) or convert_frame is None:
+        return compiled_call
+    code = forward.__code__
+    if code.co_kwonlyargcount or code.co_flags & _UNROUTABLE_CODE_FLAGS:
+        return compiled_call
+    if code.co_argcount == 0:
+        return compiled_call
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list, get_eval_frame_callback
+    from torch._C._functorch import (
+        get_dynamic_layer_stack_depth,
+        pop_dynamic_layer_stack_and_undo_to_depth,
+    )
+    from torch._dynamo import eval_frame
+    from torch.fx import _symbolic_trace
+    from torch.nn.modules import module as nn_module
+
+    closure = forward.__closure__
+    names = code.co_varnames[: code.co_argcount]
+    param_names = frozenset(names[code.co_posonlyargcount :])
+    n_args = len(names) - 1
+    defaults = forward.__defaults__ or ()
+    profiler_enabled = torch._C._autograd._profiler_enabled
+    is_jit_tracing = torch._C._is_tracing
+    global_hooks = (
+        nn_module._global_forward_pre_hooks,
+        nn_module._global_forward_hooks,
+        nn_module._global_backward_pre_hooks,
+        nn_module._global_backward_hooks,
+    )
+    module_dict = module.__dict__
+
+    def bind(args, kwargs) -> Optional[dict]:
+        """The forward frame's locals for a call with keywords or defaults, in
+        parameter order; None where the call would raise (the hook's path says so)."""
+        if len(args) > n_args or not kwargs.keys() <= param_names:
+            return None
+        given = dict(zip(names, (module, *args)))
+        if not given.keys().isdisjoint(kwargs):
+            return None
+        given.update(kwargs)
+        first_default = len(names) - len(defaults)
+        f_locals = {}
+        for i, name in enumerate(names):
+            if name in given:
+                f_locals[name] = given[name]
+            elif i >= first_default:
+                f_locals[name] = defaults[i - first_default]
+            else:
+                return None
+        return f_locals
+
+    @functools.wraps(compiled_call)
+    def call_loaded_entry(*args, **kwargs):
+        stance = eval_frame._stance
+        if (
+            (stance.stance != "default" and stance.stance != "fail_on_recompile")
+            or stance.backend is not None
+            or stance.skip_guard_eval_unsafe
+            or get_eval_frame_callback() is not None
+            or module._forward_pre_hooks
+            or module._forward_hooks
+            or module._backward_pre_hooks
+            or module._backward_hooks
+            or any(global_hooks)
+            or module._compiled_call_impl is not None
+            or "forward" in module_dict
+            or module_type.forward is not forward
+            or module_type.__call__ is not module_call
+            or profiler_enabled()
+            or _symbolic_trace._is_fx_tracing_flag
+            or is_jit_tracing()
+        ):
+            return compiled_call(*args, **kwargs)
+        if kwargs or len(args) != n_args:
+            f_locals = bind(args, kwargs)
+            if f_locals is None:
+                return compiled_call(*args, **kwargs)
+            values = tuple(f_locals.values())
+        else:
+            values = (module, *args)
+            f_locals = dict(zip(names, values))
+        if closure is not None:
+            # The frame's locals hold its free variables too (guards read
+            # L['__class__'] of a forward that calls super()).
+            for name, cell in zip(code.co_freevars, closure):
+                try:
+                    f_locals[name] = cell.cell_contents
+                except ValueError:
+                    pass
+        for cache_entry in _debug_get_cache_entry_list(code):
+            manager = cache_entry.guard_manager
+            route = getattr(manager, _ROUTE_ATTR, None)
+            if (
+                route is None
+                or route[0] is not convert_frame
+                or route[1].__closure__ is not closure
+                or not manager.root.check(f_locals)
+            ):
+                continue
+            hooks = dynamo_ctx.enter_exit_hooks
+            cleanups = [enter() for enter in hooks] if hooks else ()
+            depth = get_dynamic_layer_stack_depth()
+            try:
+                return route[1](*values)
+            finally:
+                pop_dynamic_layer_stack_and_undo_to_depth(depth)
+                for cleanup in cleanups:
+                    cleanup()
+        return compiled_call(*args, **kwargs)
+
+    return call_loaded_entry
 
 
 # NOTE: [Frame callback results on torch 2.6.0]
