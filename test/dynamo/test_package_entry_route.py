@@ -14,6 +14,7 @@ it enters; one that takes the hook shows _fn. Linear.forward among them means
 the model ran eagerly.
 """
 
+import json
 import os
 import shutil
 import sys
@@ -22,6 +23,7 @@ import textwrap
 
 import torch
 import torch._dynamo.test_case
+import torch._dynamo.testing
 from torch._dynamo import package as dynamo_package
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
@@ -153,6 +155,12 @@ def calls_a_python_function(self, x):
 
 def calls_a_builtin(self, x):
     return __import_torch.relu(x)  # noqa: F821
+
+
+# An entry of a deep model: more locals than one byte of argument names, so
+# its bytecode carries EXTENDED_ARG prefixes.
+_many_locals = "\n".join(f"    v{i} = x" for i in range(300))
+exec(f"def reads_many_inputs(self, x):\n{_many_locals}\n    return __compiled_fn_1(v299)\n")
 
 
 # The qualified names of the Python frames that tell the paths apart.
@@ -298,6 +306,25 @@ class TestPackageEntryRoute(torch._dynamo.test_case.TestCase):
             compiled(x)
             self.assertThroughTheHook(python_calls(lambda: compiled(x)))
 
+    def test_a_second_package_adopts_an_entry_its_model_runs_routed(self):
+        # NOTE: [Entries a package's model uses]: an entry that serves another
+        # package's model joins that package when its guards pass while that
+        # model runs; the routed call runs the running-package hook first.
+        model_a, compiled_a = self.load()
+        where = tempfile.mkdtemp(prefix="package_entry_route_second_")
+        self.addCleanup(shutil.rmtree, where, ignore_errors=True)
+        compiled_b = torch.compile(self.models.MLP(), backend="eager", package=where)
+        x = torch.randn(2, 4)
+        with torch.no_grad(), torch.compiler.set_stance("fail_on_recompile"):
+            compiled_a(x)
+            # One backend, one cache key: B's first call already finds A's entry.
+            out = []
+            self.assertRouted(python_calls(lambda: out.append(compiled_b(x))))
+        self.assertEqual(out[0], model_a(x))
+        compiled_b.save_package()
+        with open(os.path.join(where, "manifest.json")) as f:
+            self.assertEqual(json.load(f)["entries"], 1)
+
     def test_stances_and_callers_that_change_the_path_take_it(self):
         model, compiled = self.load()
         x = torch.randn(2, 4)
@@ -311,6 +338,18 @@ class TestPackageEntryRoute(torch._dynamo.test_case.TestCase):
             # A caller's frame callback (run-only) is installed.
             self.assertThroughTheHook(python_calls(torch._dynamo.run(lambda: compiled(x))))
             self.assertRouted(python_calls(lambda: compiled(x)))
+
+    def test_an_outer_compile_traces_the_inner_module(self):
+        # Dynamo unwraps an OptimizedModule to its _orig_mod: the route's
+        # wrapper is never traced.
+        model, compiled = self.load()
+        counter = torch._dynamo.testing.CompileCounter()
+        outer = torch.compile(lambda x: compiled(x) * 2, backend=counter, fullgraph=True)
+        x = torch.randn(2, 4)
+        with torch.no_grad():
+            compiled(x)
+            self.assertEqual(outer(x), model(x) * 2)
+        self.assertEqual((counter.frame_count, counter.op_count), (1, 4))
 
     def test_the_profiler_sees_the_compiled_region(self):
         model, compiled = self.load()
@@ -364,6 +403,7 @@ class TestPackageEntryRoute(torch._dynamo.test_case.TestCase):
         f_globals = {"__import_os": os, "__import_torch": torch}
         self.assertTrue(routable(calls_a_graph.__code__, f_globals))
         self.assertTrue(routable(calls_a_builtin.__code__, f_globals))
+        self.assertTrue(routable(reads_many_inputs.__code__, f_globals))  # noqa: F821
         self.assertFalse(routable(calls_a_resume_function.__code__, f_globals))
         self.assertFalse(routable(stores_an_attribute.__code__, f_globals))
         self.assertFalse(routable(calls_a_python_function.__code__, f_globals))

@@ -2047,38 +2047,41 @@ class PackageAwareConvertFrame:
 # not have: it binds the arguments, checks the guards and calls the graph.
 # A loaded package's OptimizedModule takes the aot_compile function's path for
 # its forward when nothing else could differ from the hook's:
-# - the entry came from the package (lookup_precompiled installed it, under this
-#   module's callback, so the C cache keys it by this backend) and its bytecode
-#   only reads its inputs and calls graphs: no resume function, no global but
-#   Dynamo's __compiled_fn_* and __import_* names, no Python function reached
-#   through an imported module, no store but to its own locals
-#   (_routable_bytecode). Such bytecode calls nothing the frame callback would
-#   see: the graphs run skipped or under torch._dynamo.disable either way;
+# - the entry was loaded from a package (lookup_precompiled marks it as the C
+#   cache gets it) under a callback with this module's cache key (the end of
+#   the callback chain, which the C cache keys entries by: models compiled with
+#   one backend find each other's entries, through the hook as here), and its
+#   bytecode only reads its inputs and calls graphs: no resume function, no
+#   global but Dynamo's __compiled_fn_* and __import_* names, nothing but C
+#   functions reached through an imported module, no store but to its own
+#   locals (_routable_bytecode). Such bytecode calls nothing the frame callback
+#   would see: the graphs run skipped or under torch._dynamo.disable either way;
 # - the entry is still in the forward code's cache (torch._dynamo.reset() and
 #   invalidated guards take it out, or give it another guard manager);
 # - stance default or fail_on_recompile, no forced backend, no skipped guards;
-#   no frame callback installed by a caller (a compiled region, a disable
-#   context), no profiler (the hook's "Torch-Compiled Region" event), no FX or
-#   JIT tracing (_fn's errors);
+#   no frame callback installed by a caller (a compiled region, run-only
+#   mode), no profiler (the hook's "Torch-Compiled Region" event), no FX or JIT
+#   tracing (_fn's errors);
 # - the inner module has no hooks (its own or global), no compiled
 #   _call_impl, no per-instance forward, and its class's __call__ and forward
 #   are the ones seen when the OptimizedModule was made; forward takes plain
 #   positional-or-keyword parameters, and its closure (super()'s __class__
 #   cell) is the one the entry's frame ran with.
-# Then the wrapper binds the arguments as the frame's locals, checks the guard
-# managers of the package's entries in the cache's order (the same C++ check the
-# hook runs on the same locals) and calls the first that accepts them, with the
-# context's enter hooks (NOTE: [Entries a package's model uses]) around it as _fn
-# runs them. Anything else, and a miss, takes _fn: the hook's lookup, the
-# recompile, fail_on_recompile's error. Entries compiled in this process are
-# never routed: they may carry side effects and resume functions.
+# Then the wrapper runs the context's enter hooks as _fn does (the epilogue
+# guard of a shared entry reads which package is running: NOTE: [Entries a
+# package's model uses]), binds the arguments as the frame's locals (free
+# variables included), checks the guard managers of those entries in the
+# cache's order (the C++ check the hook runs, on the same locals) and calls the
+# first that accepts them. Anything else, and a miss, takes _fn: the hook's
+# lookup, the recompile, fail_on_recompile's error. Entries compiled in this
+# process are never routed: they may carry side effects and resume functions.
 _ROUTE_ATTR = "_torchdynamo_package_route"
 
 # Opcodes of bytecode that reads its inputs and calls graphs (3.10 - 3.12).
 _ROUTABLE_OPS = frozenset(
     {
-        # no-ops and frame setup
-        "RESUME", "NOP", "CACHE", "MAKE_CELL", "COPY_FREE_VARS",
+        # no-ops, argument prefixes and frame setup
+        "RESUME", "NOP", "CACHE", "EXTENDED_ARG", "MAKE_CELL", "COPY_FREE_VARS",
         # reads of inputs, constants and Dynamo's globals; stores to locals
         "LOAD_GLOBAL", "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_CONST", "LOAD_ATTR",
         "LOAD_METHOD", "BINARY_SUBSCR", "STORE_FAST", "DELETE_FAST",
@@ -2142,12 +2145,12 @@ def _routable_bytecode(code: types.CodeType, f_globals: dict) -> bool:
             if not isinstance(reached, _C_CALLABLES):
                 return False
             reached = None
-        elif opname not in ("CACHE", "PUSH_NULL"):
+        elif opname not in ("CACHE", "EXTENDED_ARG", "PUSH_NULL"):
             reached = None
     return True
 
 
-def _note_routable(guarded, convert_frame: PackageAwareConvertFrame, frame) -> None:
+def _note_routable(guarded, callback, frame) -> None:
     """Mark a loaded entry the C cache is about to hold as one its module may
     call without the frame hook, when it is one."""
     manager = getattr(guarded, "guard_manager", None)
@@ -2160,15 +2163,24 @@ def _note_routable(guarded, convert_frame: PackageAwareConvertFrame, frame) -> N
     closure = getattr(frame, "closure", None) if code.co_freevars else None
     entry_fn = types.FunctionType(code, frame.f_globals, frame.f_code.co_name, None, closure)
     try:
-        setattr(manager, _ROUTE_ATTR, (convert_frame, entry_fn))
+        setattr(manager, _ROUTE_ATTR, (_cache_key(callback), entry_fn))
     except AttributeError:
         return
 
 
-def _find_package_convert_frame(callback) -> Optional[PackageAwareConvertFrame]:
-    lookup = find_precompiled_lookup(callback)
-    owner = getattr(lookup, "__self__", None)
-    return owner if isinstance(owner, PackageAwareConvertFrame) else None
+def _same_cache_key(key, other) -> bool:
+    """Whether the C cache takes entries keyed by ``key`` for ``other``: the
+    same object, or equal objects of one type (extra_state.cpp's
+    backend_match; two torch.compile()s with one backend and options)."""
+    return key is other or (type(key) is type(other) and key == other)
+
+
+def _cache_key(callback):
+    """The object the C cache keys a callback's entries by: the end of its
+    _torchdynamo_orig_callable chain (eval_frame.c's get_backend)."""
+    while hasattr(callback, "_torchdynamo_orig_callable"):
+        callback = callback._torchdynamo_orig_callable
+    return callback
 
 
 def loaded_entry_route(module: torch.nn.Module, compiled_call: Callable, dynamo_ctx) -> Callable:
@@ -2178,9 +2190,10 @@ def loaded_entry_route(module: torch.nn.Module, compiled_call: Callable, dynamo_
     module_type = type(module)
     forward = getattr(module_type, "forward", None)
     module_call = module_type.__call__
-    convert_frame = _find_package_convert_frame(getattr(dynamo_ctx, "callback", None))
-    if not isinstance(forward, types.FunctionType) or convert_frame is None:
+    callback = getattr(dynamo_ctx, "callback", None)
+    if not isinstance(forward, types.FunctionType) or find_precompiled_lookup(callback) is None:
         return compiled_call
+    cache_key = _cache_key(callback)
     code = forward.__code__
     if code.co_kwonlyargcount or code.co_flags & _UNROUTABLE_CODE_FLAGS:
         return compiled_call
@@ -2268,25 +2281,30 @@ def loaded_entry_route(module: torch.nn.Module, compiled_call: Callable, dynamo_
                     f_locals[name] = cell.cell_contents
                 except ValueError:
                     pass
-        for cache_entry in _debug_get_cache_entry_list(code):
-            manager = cache_entry.guard_manager
-            route = getattr(manager, _ROUTE_ATTR, None)
-            if (
-                route is None
-                or route[0] is not convert_frame
-                or route[1].__closure__ is not closure
-                or not manager.root.check(f_locals)
-            ):
-                continue
-            hooks = dynamo_ctx.enter_exit_hooks
-            cleanups = [enter() for enter in hooks] if hooks else ()
-            depth = get_dynamic_layer_stack_depth()
-            try:
-                return route[1](*values)
-            finally:
-                pop_dynamic_layer_stack_and_undo_to_depth(depth)
-                for cleanup in cleanups:
-                    cleanup()
+        # The context's enter hooks run before the guards, as under _fn: the
+        # epilogue guard of a shared entry reads which package is running
+        # (NOTE: [Entries a package's model uses]).
+        hooks = dynamo_ctx.enter_exit_hooks
+        cleanups = [enter() for enter in hooks] if hooks else ()
+        try:
+            for cache_entry in _debug_get_cache_entry_list(code):
+                manager = cache_entry.guard_manager
+                route = getattr(manager, _ROUTE_ATTR, None)
+                if (
+                    route is None
+                    or not _same_cache_key(route[0], cache_key)
+                    or route[1].__closure__ is not closure
+                    or not manager.root.check(f_locals)
+                ):
+                    continue
+                depth = get_dynamic_layer_stack_depth()
+                try:
+                    return route[1](*values)
+                finally:
+                    pop_dynamic_layer_stack_and_undo_to_depth(depth)
+        finally:
+            for cleanup in cleanups:
+                cleanup()
         return compiled_call(*args, **kwargs)
 
     return call_loaded_entry
