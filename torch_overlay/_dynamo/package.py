@@ -2172,7 +2172,7 @@ def _same_cache_key(key, other) -> bool:
     """Whether the C cache takes entries keyed by ``key`` for ``other``: the
     same object, or equal objects of one type (extra_state.cpp's
     backend_match; two torch.compile()s with one backend and options)."""
-    return key is other or (type(key) is type(other) and key == other)
+    return key is other or (type(key) is type(other) and bool(key == other))
 
 
 def _cache_key(callback):
@@ -2292,7 +2292,7 @@ def loaded_entry_route(module: torch.nn.Module, compiled_call: Callable, dynamo_
                 route = getattr(manager, _ROUTE_ATTR, None)
                 if (
                     route is None
-                    or not _same_cache_key(route[0], cache_key)
+                    or (route[0] is not cache_key and not _same_cache_key(route[0], cache_key))
                     or route[1].__closure__ is not closure
                     or not manager.root.check(f_locals)
                 ):
