@@ -2159,11 +2159,14 @@ def _note_routable(guarded, callback, frame) -> None:
         return
     if code.co_freevars != frame.f_code.co_freevars or not _routable_bytecode(code, frame.f_globals):
         return
+    from torch._dynamo.eval_frame import innermost_fn
+
     # The closure the frame runs with (forward's __class__ cell, for super()).
     closure = getattr(frame, "closure", None) if code.co_freevars else None
     entry_fn = types.FunctionType(code, frame.f_globals, frame.f_code.co_name, None, closure)
     try:
-        setattr(manager, _ROUTE_ATTR, (_cache_key(callback), entry_fn))
+        # The C cache keys entries by the end of the callback chain.
+        setattr(manager, _ROUTE_ATTR, (innermost_fn(callback), entry_fn))
     except AttributeError:
         return
 
@@ -2173,14 +2176,6 @@ def _same_cache_key(key, other) -> bool:
     same object, or equal objects of one type (extra_state.cpp's
     backend_match; two torch.compile()s with one backend and options)."""
     return key is other or (type(key) is type(other) and bool(key == other))
-
-
-def _cache_key(callback):
-    """The object the C cache keys a callback's entries by: the end of its
-    _torchdynamo_orig_callable chain (eval_frame.c's get_backend)."""
-    while hasattr(callback, "_torchdynamo_orig_callable"):
-        callback = callback._torchdynamo_orig_callable
-    return callback
 
 
 def loaded_entry_route(module: torch.nn.Module, compiled_call: Callable, dynamo_ctx) -> Callable:
@@ -2193,7 +2188,6 @@ def loaded_entry_route(module: torch.nn.Module, compiled_call: Callable, dynamo_
     callback = getattr(dynamo_ctx, "callback", None)
     if not isinstance(forward, types.FunctionType) or find_precompiled_lookup(callback) is None:
         return compiled_call
-    cache_key = _cache_key(callback)
     code = forward.__code__
     if code.co_kwonlyargcount or code.co_flags & _UNROUTABLE_CODE_FLAGS:
         return compiled_call
@@ -2208,6 +2202,8 @@ def loaded_entry_route(module: torch.nn.Module, compiled_call: Callable, dynamo_
     from torch.fx import _symbolic_trace
     from torch.nn.modules import module as nn_module
 
+    # The C cache keys entries by the end of the callback chain.
+    cache_key = eval_frame.innermost_fn(callback)
     closure = forward.__closure__
     names = code.co_varnames[: code.co_argcount]
     param_names = frozenset(names[code.co_posonlyargcount :])
