@@ -2206,9 +2206,8 @@ def loaded_entry_route(module: torch.nn.Module, compiled_call: Callable, dynamo_
     cache_key = eval_frame.innermost_fn(callback)
     closure = forward.__closure__
     names = code.co_varnames[: code.co_argcount]
-    param_names = frozenset(names[code.co_posonlyargcount :])
     n_args = len(names) - 1
-    defaults = forward.__defaults__ or ()
+    signature = inspect.signature(forward)
     profiler_enabled = torch._C._autograd._profiler_enabled
     is_jit_tracing = torch._C._is_tracing
     global_hooks = (
@@ -2221,23 +2220,14 @@ def loaded_entry_route(module: torch.nn.Module, compiled_call: Callable, dynamo_
 
     def bind(args, kwargs) -> Optional[dict]:
         """The forward frame's locals for a call with keywords or defaults, in
-        parameter order; None where the call would raise (the hook's path says so)."""
-        if len(args) > n_args or not kwargs.keys() <= param_names:
+        parameter order (as the aot_compile function binds); None where the
+        call would raise (the hook's path says so)."""
+        try:
+            bound = signature.bind(module, *args, **kwargs)
+        except TypeError:
             return None
-        given = dict(zip(names, (module, *args)))
-        if not given.keys().isdisjoint(kwargs):
-            return None
-        given.update(kwargs)
-        first_default = len(names) - len(defaults)
-        f_locals = {}
-        for i, name in enumerate(names):
-            if name in given:
-                f_locals[name] = given[name]
-            elif i >= first_default:
-                f_locals[name] = defaults[i - first_default]
-            else:
-                return None
-        return f_locals
+        bound.apply_defaults()
+        return dict(bound.arguments)
 
     @functools.wraps(compiled_call)
     def call_loaded_entry(*args, **kwargs):
