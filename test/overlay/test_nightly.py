@@ -33,7 +33,12 @@ import unittest.mock
 import zipfile
 from pathlib import Path
 
-from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TestCase,
+)
 
 
 HAS_OVERLAY = importlib.util.find_spec("torch_overlay") is not None
@@ -319,6 +324,7 @@ def _numbered(prefix: str, count: int = 30) -> str:
 
 
 @unittest.skipIf(not HAS_OVERLAY, "needs torch_overlay (not installed next to the wheel)")
+@instantiate_parametrized_tests
 class TestRebaseCheck(TestCase):
     """rebase_check.carry_series / check_release on synthetic releases."""
 
@@ -386,6 +392,34 @@ class TestRebaseCheck(TestCase):
         self.assertEqual(carried["torch/done.py"], target["torch/done.py"])
         self.assertEqual(carried["torch/present.py"], target["torch/present.py"])
 
+    @parametrize(
+        "release_edit, patch_edit, kind",
+        [
+            # Both change the line: the patch's own edit meets the release's.
+            ({"x_5 = 5": "x_5 = 'release'"}, {"x_5 = 5": "x_5 = 'patch'"}, "same-lines"),
+            # The patch deletes a line the release changes.
+            ({"x_5 = 5": "x_5 = 'release'"}, {"x_5 = 5\n": ""}, "same-lines"),
+            # The release adds a line inside lines the patch deletes (a name added to
+            # an import list the patch takes out).
+            ({"x_5 = 5\n": "x_5 = 5\nrelease_line = 1\n"}, {"x_5 = 5\nx_6 = 6\n": ""}, "same-lines"),
+            # Each changes its own line, next to the other's.
+            ({"x_6 = 6": "x_6 = 'release'"}, {"x_5 = 5": "x_5 = 'patch'"}, "adjacent"),
+            # The patch only adds a line, above a line the release changes.
+            ({"x_5 = 5": "x_5 = 'release'"}, {"x_5 = 5": "patch_line = 1\nx_5 = 5"}, "insert-beside"),
+            # Both add lines at one point, neither changes a line of the base.
+            ({"x_5 = 5": "release_line = 1\nx_5 = 5"}, {"x_5 = 5": "patch_line = 1\nx_5 = 5"}, "insert-beside"),
+        ],
+    )
+    def test_conflicting_hunk_kind(self, release_edit, patch_edit, kind):
+        base = _numbered("x")
+        (release_old, release_new), = release_edit.items()
+        (patch_old, patch_new), = patch_edit.items()
+        release = base.replace(release_old, release_new, 1)
+        patch = base.replace(patch_old, patch_new, 1)
+        with tempfile.TemporaryDirectory() as work:
+            _, hunks = rebase_check.merge_file(release, base, patch, ("release", "base", "patch"), Path(work))
+        self.assertEqual([h["kind"] for h in hunks], [kind])
+
     def test_missing_file_is_a_conflict(self):
         patches, base, target = self.series()
         del target["torch/moved.py"]
@@ -419,7 +453,11 @@ class TestRebaseCheck(TestCase):
         )
         self.assertEqual(data["target_wheel_sha256"], _sha256(wheels["9.9.9"]))
         table = report.table()
-        self.assertIn("2 clean, 1 offset, 1 conflict, 2 upstream; 1 of 2 mirrored modules collide", table)
+        self.assertIn(
+            "2 clean, 1 offset, 1 conflict, 2 upstream; 1 of 2 mirrored modules collide; "
+            "1 conflicting hunk(s): 1 same-lines, 0 adjacent, 0 insert-beside",
+            table,
+        )
         self.assertRegex(table, r"(?m)^torch/_dynamo/package\.py +collides +torch 9\.9\.9 has it \(differs\)$")
         self.assertIn("| `3-conflict.patch` | conflict | torch/clash.py (1 hunk(s)) |", report.markdown())
         older = {**data, "target": "1.10.0", "modules": [], "patches": data["patches"][:1]}

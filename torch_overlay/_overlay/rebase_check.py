@@ -10,7 +10,10 @@ merge]) and reports, per patch, one of:
 * ``clean``: applies as it is, every hunk where the patch says;
 * ``offset``: applies, but at other lines, or only through the 3-way merge because
   the context around a hunk changed;
-* ``conflict``: the merge conflicts; the conflicting hunks are in the report;
+* ``conflict``: the merge conflicts; the conflicting hunks are in the report, each
+  marked ``same-lines`` (the patch and the release change a common line),
+  ``adjacent`` (they change neighbouring lines) or ``insert-beside`` (the patch only
+  adds lines next to the release's change: it could add them elsewhere);
 * ``upstream``: the release already has the change (the patch reverse-applies there,
   or every line it adds is already present): a candidate to drop.
 
@@ -39,6 +42,7 @@ The report is JSON (:meth:`RebaseReport.to_json`) and a short table
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import logging
@@ -59,6 +63,8 @@ log = logging.getLogger(__name__)
 REPORT_FORMAT = 1
 TORCH_DIST = "torch"
 STATUSES = ("clean", "offset", "conflict", "upstream")
+# The kinds of a conflicting hunk (see NOTE: [Which conflicts a patch could avoid]).
+HUNK_KINDS = ("same-lines", "adjacent", "insert-beside")
 # Where releases' wheels are downloaded (build/rebase/X.Y.Z/) and the base wheel
 # that build_scripts/build_wheel.py downloads (build/wheel-src/).
 DEFAULT_CACHE_ROOT = series.REPO_ROOT / "build" / "rebase"
@@ -140,7 +146,7 @@ class FileResult:
     path: str
     status: str  # one of STATUSES
     offsets: list[dict] = dataclasses.field(default_factory=list)  # {"hunk", "line", "offset"}
-    conflicts: list[dict] = dataclasses.field(default_factory=list)  # {"line", "text"}
+    conflicts: list[dict] = dataclasses.field(default_factory=list)  # {"line", "text", "kind"}
     note: str = ""
 
 
@@ -200,13 +206,24 @@ class RebaseReport:
                 rows.append((m.path, "collides", f"torch {self.target} has it ({state})"))
         return rows
 
+    def hunk_kinds(self) -> dict[str, int]:
+        """How many conflicting hunks there are of each of HUNK_KINDS."""
+        counts = dict.fromkeys(HUNK_KINDS, 0)
+        for p in self.patches:
+            for f in p.files:
+                for hunk in f.conflicts:
+                    counts[hunk["kind"]] += 1
+        return counts
+
     def _headline(self) -> str:
         counts = self.summary()
         parts = ", ".join(f"{counts[s]} {s}" for s in STATUSES)
+        kinds = self.hunk_kinds()
         return (
             f"torch {self.target} <- series of {self.base} ({len(self.patches)} patches, "
             f"{self.series_hash[:12]}): {parts}; {counts['module_collisions']} of "
-            f"{len(self.modules)} mirrored modules collide"
+            f"{len(self.modules)} mirrored modules collide; {sum(kinds.values())} conflicting "
+            f"hunk(s): " + ", ".join(f"{kinds[k]} {k}" for k in HUNK_KINDS)
         )
 
     def table(self) -> str:
@@ -228,7 +245,9 @@ def _cell(patch: dict) -> str:
         files = [f for f in patch["files"] if f["status"] == "conflict"]
         hunks = sum(len(f["conflicts"]) for f in files)
         missing = sum(f["note"] == "missing" for f in files)
+        beside = sum(h.get("kind") == "insert-beside" for f in files for h in f["conflicts"])
         text = f"conflict: {hunks} hunk(s) in {len(files) - missing} file(s)" if hunks else "conflict"
+        text += f", {beside} insert-beside" if beside else ""
         return text + (f", {missing} file(s) missing" if missing else "")
     if patch["status"] == "offset":
         return f"offset: {patch['how']}"
@@ -321,17 +340,71 @@ def _direct_apply(patch: Path, tree: Path) -> tuple[bool, dict[str, list[dict]]]
     return proc.returncode == 0, offsets
 
 
+# NOTE: [Which conflicts a patch could avoid]
+# A conflict block of `git merge-file --diff3` holds three versions of one region:
+# the release's, the base's and the patch's. git calls it a conflict when the two
+# changes overlap *or touch*, and those differ for whoever keeps the series:
+# - same-lines: a line of the base is changed (replaced or deleted) by both, or one
+#   side inserts inside a run of lines the other changes (the release adds a name to
+#   an import list the patch deletes). The patch's own edit meets upstream's.
+# - adjacent: each side changes lines of its own, next to each other. The patch
+#   cannot move its lines either: they are the lines it has to change.
+# - insert-beside: the patch only adds lines here, next to the release's change (a
+#   function-local import above a line upstream re-annotated, a helper inserted above
+#   a def upstream changed). Added elsewhere, the same lines would not meet it.
+# Each hunk records its kind, so a port sees which conflicts are real edits to merge
+# and which are where the series chose to put new lines.
+
+
+def _base_edits(base: list[str], side: list[str]) -> tuple[set[int], set[int]]:
+    """The lines of ``base`` that ``side`` replaces or deletes (by index), and the
+    points where it inserts (index of the base line the insertion precedes)."""
+    changed, inserted = set(), set()
+    for tag, i1, i2, _, _ in difflib.SequenceMatcher(None, base, side, autojunk=False).get_opcodes():
+        if tag in ("replace", "delete"):
+            changed.update(range(i1, i2))
+        elif tag == "insert":
+            inserted.add(i1)
+    return changed, inserted
+
+
+def hunk_kind(release: list[str], base: list[str], patch: list[str]) -> str:
+    """One of HUNK_KINDS for a conflict block (see NOTE: [Which conflicts a patch could
+    avoid])."""
+    release_changed, release_inserted = _base_edits(base, release)
+    patch_changed, patch_inserted = _base_edits(base, patch)
+
+    def inside(points: set[int], changed: set[int]) -> bool:
+        return any(p - 1 in changed and p in changed for p in points)
+
+    if (
+        release_changed & patch_changed
+        or inside(release_inserted, patch_changed)
+        or inside(patch_inserted, release_changed)
+    ):
+        return "same-lines"
+    return "adjacent" if patch_changed else "insert-beside"
+
+
 def _conflict_hunks(merged: str) -> list[dict]:
-    """The conflict blocks (markers included) of a ``git merge-file --diff3`` result."""
+    """The conflict blocks (markers included) of a ``git merge-file --diff3`` result,
+    each with its :func:`hunk_kind`."""
     hunks, block, start = [], None, 0
+    sections: list[list[str]] = []
     for number, line in enumerate(merged.split("\n"), start=1):
         if line.startswith("<<<<<<< ") and block is None:
-            block, start = [line], number
+            block, start, sections = [line], number, [[]]
         elif block is not None:
             block.append(line)
             if line.startswith(">>>>>>> "):
-                hunks.append({"line": start, "text": "\n".join(block)})
+                release, base, patch = sections
+                kind = hunk_kind(release, base, patch)
+                hunks.append({"line": start, "text": "\n".join(block), "kind": kind})
                 block = None
+            elif line.startswith("||||||| ") or line == "=======":
+                sections.append([])
+            else:
+                sections[-1].append(line)
     return hunks
 
 
@@ -353,6 +426,13 @@ def merge_file(theirs: str, base: str, ours: str, labels: tuple[str, str, str], 
     return resolved.stdout, _conflict_hunks(shown.stdout)
 
 
+def _hunks_note(hunks: list[dict]) -> str:
+    """"N hunk(s)", and how many of them only insert beside the release's change (see
+    NOTE: [Which conflicts a patch could avoid])."""
+    beside = sum(h["kind"] == "insert-beside" for h in hunks)
+    return f"{len(hunks)} hunk(s)" + (f", {beside} insert-beside" if beside else "")
+
+
 def _carry_file(rel: str, before: str | None, after: str | None, target: Path, labels, work: Path):
     """Carry one file's change onto the release tree ``target``; its FileResult."""
     theirs = _read(target / rel)
@@ -368,7 +448,7 @@ def _carry_file(rel: str, before: str | None, after: str | None, target: Path, l
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(merged, encoding="utf-8")
     if hunks:
-        return FileResult(rel, "conflict", conflicts=hunks, note=f"{len(hunks)} hunk(s)")
+        return FileResult(rel, "conflict", conflicts=hunks, note=_hunks_note(hunks))
     return FileResult(rel, "clean")
 
 
