@@ -1387,6 +1387,29 @@ class TestLoadedGraphCalls(PackageTestCase):
         finally:
             set_code_exec_strategy(call_code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
 
+    @parametrize("backend", ["aot_eager", "inductor"])
+    def test_a_call_patched_onto_the_graph_class_runs_under_disable(self, backend):
+        # A profiler timing each graph call replaces the class's __call__ with
+        # a function of its own before the load: Dynamo must not compile that
+        # frame (under fail_on_recompile, seeing it raises), as it would not
+        # under a fresh compile's disable.
+        from torch._dynamo import package_artifacts
+
+        kind = package_artifacts._PackagedAOTEagerGraph if backend == "aot_eager" else package_artifacts._PackagedInductorGraph
+        real_call = kind.__call__
+        timed = []
+
+        def timed_graph_call(graph, *args):
+            timed.append(isinstance(graph, kind))
+            return real_call(graph, *args)
+
+        with unittest.mock.patch.object(kind, "__call__", timed_graph_call):
+            compiled, graph, x = self.load(backend)
+            with torch.compiler.set_stance("fail_on_recompile"):
+                self.assertEqual(compiled(x), _scaled_sum(x))
+        self.assertTrue(graph._torchdynamo_disable)
+        self.assertEqual(timed, [True, True])
+
     def test_a_graph_that_raises_leaves_dynamo_as_it_was(self):
         from torch._dynamo.testing import CompileCounter
 

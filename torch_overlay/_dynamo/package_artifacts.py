@@ -1266,8 +1266,8 @@ def _skip_with_all_it_calls(code: types.CodeType) -> bool:
     return True
 
 
-_GRAPHS_SKIPPED_BY_THEIR_CODE: tuple[type, ...] = tuple(
-    cls
+_CALLS_SKIPPED_BY_THEIR_CODE: frozenset[types.CodeType] = frozenset(
+    cls.__call__.__code__
     for cls in (_PackagedInductorGraph, _PackagedAOTEagerGraph)
     if _skip_with_all_it_calls(cls.__call__.__code__)
 )
@@ -1278,11 +1278,11 @@ def graph_for_bytecode(graph: Callable[..., Any]) -> Callable[..., Any]:
     Dynamo skips its frame and all it calls by its code, else the graph under
     torch._dynamo.disable (NOTE: [A packaged graph's frame is skipped by Dynamo
     with all it calls])."""
-    # A subclass that overrides __call__ has code of its own, unmarked.
-    skipped_by_its_code = isinstance(graph, _GRAPHS_SKIPPED_BY_THEIR_CODE) and any(
-        type(graph).__call__ is cls.__call__ for cls in _GRAPHS_SKIPPED_BY_THEIR_CODE
-    )
-    if skipped_by_its_code:
+    # The code its call runs must be one marked above: a subclass's __call__,
+    # or a function set as the class's __call__ (a profiler's timer), is code
+    # of its own, unmarked, which Dynamo would otherwise compile.
+    call_code = getattr(type(graph).__call__, "__code__", None)
+    if call_code in _CALLS_SKIPPED_BY_THEIR_CODE:
         return graph
     return cast(Callable[..., Any], torch._dynamo.disable(graph))
 
