@@ -406,6 +406,8 @@ class TestRebaseCheck(TestCase):
             ({"x_6 = 6": "x_6 = 'release'"}, {"x_5 = 5": "x_5 = 'patch'"}, "adjacent"),
             # The patch only adds a line, above a line the release changes.
             ({"x_5 = 5": "x_5 = 'release'"}, {"x_5 = 5": "patch_line = 1\nx_5 = 5"}, "insert-beside"),
+            # A line of the file that reads like a separator is text.
+            ({"x_5 = 5": "======="}, {"x_5 = 5": "x_5 = 'patch'"}, "same-lines"),
             # Both add lines at one point, neither changes a line of the base.
             ({"x_5 = 5": "release_line = 1\nx_5 = 5"}, {"x_5 = 5": "patch_line = 1\nx_5 = 5"}, "insert-beside"),
         ],

@@ -401,8 +401,8 @@ def _conflict_hunks(merged: str) -> list[dict]:
                 kind = hunk_kind(release, base, patch)
                 hunks.append({"line": start, "text": "\n".join(block), "kind": kind})
                 block = None
-            elif line.startswith("||||||| ") or line == "=======":
-                sections.append([])
+            elif (len(sections) == 1 and line.startswith("||||||| ")) or (len(sections) == 2 and line == "======="):
+                sections.append([])  # a separator, once each: a file's own "=======" is text
             else:
                 sections[-1].append(line)
     return hunks
