@@ -53,9 +53,14 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import materialize, series
 from .errors import OverlayError
+
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 
 log = logging.getLogger(__name__)
@@ -208,12 +213,7 @@ class RebaseReport:
 
     def hunk_kinds(self) -> dict[str, int]:
         """How many conflicting hunks there are of each of HUNK_KINDS."""
-        counts = dict.fromkeys(HUNK_KINDS, 0)
-        for p in self.patches:
-            for f in p.files:
-                for hunk in f.conflicts:
-                    counts[hunk["kind"]] += 1
-        return counts
+        return count_hunk_kinds(h for p in self.patches for f in p.files for h in f.conflicts)
 
     def _headline(self) -> str:
         counts = self.summary()
@@ -245,7 +245,7 @@ def _cell(patch: dict) -> str:
         files = [f for f in patch["files"] if f["status"] == "conflict"]
         hunks = sum(len(f["conflicts"]) for f in files)
         missing = sum(f["note"] == "missing" for f in files)
-        beside = sum(h.get("kind") == "insert-beside" for f in files for h in f["conflicts"])
+        beside = count_hunk_kinds(h for f in files for h in f["conflicts"])["insert-beside"]
         text = f"conflict: {hunks} hunk(s) in {len(files) - missing} file(s)" if hunks else "conflict"
         text += f", {beside} insert-beside" if beside else ""
         return text + (f", {missing} file(s) missing" if missing else "")
@@ -386,6 +386,16 @@ def hunk_kind(release: list[str], base: list[str], patch: list[str]) -> str:
     return "adjacent" if patch_changed else "insert-beside"
 
 
+def count_hunk_kinds(hunks: Iterable[dict]) -> dict[str, int]:
+    """How many of ``hunks`` are of each of HUNK_KINDS (a report written before
+    hunks had kinds counts none)."""
+    counts = dict.fromkeys(HUNK_KINDS, 0)
+    for hunk in hunks:
+        if hunk.get("kind") in counts:
+            counts[hunk["kind"]] += 1
+    return counts
+
+
 def _conflict_hunks(merged: str) -> list[dict]:
     """The conflict blocks (markers included) of a ``git merge-file --diff3`` result,
     each with its :func:`hunk_kind`."""
@@ -429,7 +439,7 @@ def merge_file(theirs: str, base: str, ours: str, labels: tuple[str, str, str], 
 def _hunks_note(hunks: list[dict]) -> str:
     """"N hunk(s)", and how many of them only insert beside the release's change (see
     NOTE: [Which conflicts a patch could avoid])."""
-    beside = sum(h["kind"] == "insert-beside" for h in hunks)
+    beside = count_hunk_kinds(hunks)["insert-beside"]
     return f"{len(hunks)} hunk(s)" + (f", {beside} insert-beside" if beside else "")
 
 
