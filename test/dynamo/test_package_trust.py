@@ -390,7 +390,7 @@ class PackageTrustUnitTests(torch._dynamo.test_case.TestCase):
     @parametrize("device", ["xyz", "", "__class__", "cpu,", "cuda.is_available"])
     def test_manifest_device_values(self, device):
         with self.assertRaises(PackageError):
-            check_manifest_schema({"format_version": 2, "device": device, "files": {}}, "<test>")
+            check_manifest_schema({"format_version": 3, "device": device, "files": {}}, "<test>")
 
     def test_manifest_types_and_nesting(self):
         for manifest in ({"device": 5}, {"files": []}, {"files": {"../x": "0" * 64}}, {"files": {"a": "zz"}},

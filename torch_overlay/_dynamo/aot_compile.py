@@ -866,6 +866,9 @@ def _load_compiled_function(file, f_globals, external_data) -> AOTCompiledFuncti
     )
     package = CompilePackage(fn)
     package.frozen_checks_at_call = []
+    # A loaded function cannot compile again: compiled from other code or
+    # config, it is an error (NOTE: [What an entry was derived from]).
+    package.refuse_stale = True
     loaded = package.load_files(files, manifest, where)
     if len(loaded) != 1:
         raise PackageError(f"{where} holds {len(loaded)} entries, not one")

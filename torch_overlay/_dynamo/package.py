@@ -73,6 +73,15 @@ from .package_format import (
     PACKAGE_FORMAT_VERSION,
     SIGNATURE_FILE,
 )
+from .package_sources import code_fingerprint as _code_fingerprint
+from .package_sources import (
+    check_source_records,
+    config_records,
+    frame_code_record,
+    inlined_code_record,
+    LiveSources,
+    read_module_lines,
+)
 from .package_trust import (
     check_files,
     check_manifest_schema,
@@ -340,57 +349,6 @@ def _add_note_uses_guard(guard_manager, origin: _EntryOrigin) -> None:
 
 def _is_resume_code(code: types.CodeType) -> bool:
     return code.co_name.startswith(("torch_dynamo_resume_in_", "__resume_at_"))
-
-
-def _const_token(value) -> bytes:
-    """A byte string for a code constant that is the same in every process."""
-    if isinstance(value, types.CodeType):
-        return b"code:" + _code_fingerprint(value).encode()
-    if isinstance(value, tuple):
-        return b"(" + b",".join(_const_token(v) for v in value) + b")"
-    if isinstance(value, frozenset):
-        # Iteration order of a frozenset of str follows the process's hash seed.
-        return b"{" + b",".join(sorted(_const_token(v) for v in value)) + b"}"
-    return f"{type(value).__name__}:{value!r}".encode()
-
-
-_fingerprints: Any = None
-
-
-def _code_fingerprint(code: types.CodeType) -> str:
-    """A digest of everything a code object runs: equal digests, same code."""
-    global _fingerprints
-    if _fingerprints is None:
-        from torch._dynamo.utils import ExactWeakKeyDictionary
-
-        _fingerprints = ExactWeakKeyDictionary()
-    found = _fingerprints.get(code)
-    if found is not None:
-        return found
-    digest = hashlib.sha256()
-    for field in (
-        code.co_name,
-        code.co_qualname,
-        code.co_filename,
-        code.co_firstlineno,
-        code.co_argcount,
-        code.co_posonlyargcount,
-        code.co_kwonlyargcount,
-        code.co_nlocals,
-        code.co_stacksize,
-        code.co_flags,
-        code.co_names,
-        code.co_varnames,
-        code.co_freevars,
-        code.co_cellvars,
-    ):
-        digest.update(repr(field).encode() + b"\0")
-    for raw in (code.co_code, code.co_linetable, getattr(code, "co_exceptiontable", b"")):
-        digest.update(raw + b"\0")
-    digest.update(_const_token(code.co_consts))
-    found = digest.hexdigest()[:32]
-    _fingerprints[code] = found
-    return found
 
 
 @functools.cache
@@ -794,6 +752,9 @@ class _Entry:
     # global name -> ("graph", artifact name) | ("resume", code key)
     #              | ("module", module name) | ("named", module, path)
     globals: dict
+    # What the bytecode and graphs were derived from: records of
+    # torch/_dynamo/package_sources.py (NOTE: [What an entry was derived from]).
+    sources: tuple = ()
 
 
 @dataclasses.dataclass
@@ -818,6 +779,9 @@ class _LoadedEntry:
     out_code: types.CodeType
     f_globals: dict
     guard_manager: Any = None
+    # Where it was loaded from, for people: the package and the entry's
+    # position in it (NOTE: [Explaining a loaded miss]).
+    where: str = ""
 
 
 class _BuiltinsOnlyUnpickler(pickle.Unpickler):
@@ -867,6 +831,8 @@ def _read_entries(files: dict[str, bytes], path) -> list[_Entry]:
         for field, type_ in (("out_code", bytes), ("guards_state", bytes), ("global_module", str), ("globals", dict)):
             if not isinstance(getattr(entry, field), type_):
                 raise PackageError(f"{where}: field {field} is a {type(getattr(entry, field)).__name__}")
+        if not check_source_records(entry.sources):
+            raise PackageError(f"{where}: field sources is malformed")
         for name, ref in entry.globals.items():
             shape = _GLOBAL_REF_FIELDS.get(ref[0]) if isinstance(ref, tuple) and ref else None
             if not (
@@ -1097,6 +1063,12 @@ class CompilePackage:
         self._current_entry: Optional[_EntryRecording] = None
         # Resume functions add_resume_function recorded: never inlined sources.
         self._resume_codes: weakref.WeakSet = weakref.WeakSet()
+        # code -> record of each function inlined into the frame being compiled.
+        self._frame_sources: Optional[dict] = None
+        # What changed for the entries a load dropped (NOTE: [What an entry was
+        # derived from]); refuse_stale makes such a load a PackageError.
+        self.stale_entries: list[str] = []
+        self.refuse_stale = False
         self._backend_ids: dict[str, list[str]] = {}
         self._cached_backends: dict[str, Any] = {}
         self._pending: Optional[_DynamoCacheEntry] = None
@@ -1224,6 +1196,27 @@ class CompilePackage:
         for code in sources:
             if code not in self._resume_codes:
                 self.source_info.add_code(code)
+                if self._frame_sources is not None and code not in self._frame_sources:
+                    self._frame_sources[code] = inlined_code_record(code)
+
+    @contextlib.contextmanager
+    def _compiling_frame(self):
+        """Around one frame's compile: the functions Dynamo inlines meanwhile
+        are that frame's entry's sources (NOTE: [What an entry was derived from])."""
+        previous, self._frame_sources = self._frame_sources, {}
+        try:
+            yield
+        finally:
+            self._frame_sources = previous
+
+    def _entry_sources(self, key: tuple, code: types.CodeType) -> tuple:
+        """The records of what an entry compiled now for ``code`` is derived from."""
+        records = []
+        if key[0] == "function":
+            records.append(frame_code_record(code, key[1]))
+        records.extend(sorted(set((self._frame_sources or {}).values())))
+        records.extend(config_records(self.backend.kind if self.backend else None))
+        return tuple(records)
 
     def bypass_current_entry(self) -> None:
         """Leave the current code's entries out of the package."""
@@ -1342,8 +1335,14 @@ class CompilePackage:
             global_refs = dict(sorted(global_refs.items()))
             # NOTE: [Constants of compiled bytecode]
             saved_code = dump_code(out_code)
+            sources = self._entry_sources(key, code)
         except PackageError as e:
             self._exclude(code, str(e))
+            return
+        except Exception as e:
+            # NOTE: [A save never loses what it could save]
+            log.debug("recording the entry of %s failed", code.co_qualname, exc_info=True)
+            self._exclude(code, f"recording it raised {type(e).__name__}: {e}"[:800])
             return
         self.entries.append(
             _Entry(
@@ -1352,6 +1351,7 @@ class CompilePackage:
                 guards_state=guards_state,
                 global_module=f_globals.get("__name__"),
                 globals=global_refs,
+                sources=sources,
             )
         )
 
@@ -1488,6 +1488,14 @@ class CompilePackage:
         return refs
 
     # -- save --------------------------------------------------------------
+    # NOTE: [A save never loses what it could save]
+    # A save writes every entry it can. An error while recording one entry
+    # (its bytecode, globals or sources) or serializing one graph (pickling an
+    # AOTAutograd cache entry, reading Inductor's output) leaves that entry out
+    # with a warning naming it and the error, and the rest of the package is
+    # written; with config.package_strict (upstream: strict_precompile) it is a
+    # PackageError instead. Only what concerns the whole package (its path,
+    # signing key, the write itself) fails the save.
     def save(self, path: Optional[str] = None) -> str:
         """Write the package as a directory (see NOTE: [Package format])."""
         path = path or self.path
@@ -1534,6 +1542,11 @@ class CompilePackage:
                 blob, graph_kernels = serialize_graph(record)
             except PackageError as e:
                 failed[artifact] = str(e)
+                continue
+            except Exception as e:
+                # NOTE: [A save never loses what it could save]
+                log.debug("serializing graph %s failed", artifact, exc_info=True)
+                failed[artifact] = f"serializing graph {artifact} raised {type(e).__name__}: {e}"[:800]
                 continue
             files[graph_file(artifact)] = blob
             kernels.update(graph_kernels)
@@ -1704,18 +1717,16 @@ class CompilePackage:
         manifest = check_manifest_schema(manifest, path)
         check_files(files, manifest, path)
         saved_sources = SourceInfo.from_fields(manifest.get("inlined_sources", []), path)
-        if not self._ignore_inlined_sources:
-            try:
-                saved_sources.check_unchanged()
-            except RuntimeError as e:
-                raise PackageError(f"package {path}: {e}") from e
         entries = _read_entries(files, path)
         _check_package_contents(entries, files, path)
+        numbers = {id(entry): number for number, entry in enumerate(entries)}
+        entries = self._drop_stale(entries, path)
         kernel_dir, kernel_paths = extract_kernels(files, path)
         verified = time.perf_counter()
         redirect = _KernelRedirect(kernel_paths)
         try:
-            graphs = self._load_graphs(files, redirect, path)
+            needed = {ref[1] for entry in entries for ref in entry.globals.values() if ref[0] == "graph"}
+            graphs = self._load_graphs(files, redirect, path, needed)
             checked = [(entry, self._checked_code(entry, path)) for entry in entries if entry.out_code]
         except BaseException:
             if kernel_dir is not None:
@@ -1741,6 +1752,7 @@ class CompilePackage:
         for entry, codes in checked:
             loaded = self._install_loaded(entry, graphs, codes)
             if loaded is not None:
+                loaded.where = f"package {path}, entry {numbers[id(entry)]}"
                 installed.append(loaded)
         self.entries.extend(entry for entry, _ in checked)
         finished = time.perf_counter()
@@ -1766,15 +1778,46 @@ class CompilePackage:
         )
         return installed
 
-    def _load_graphs(self, files, redirect: _KernelRedirect, path) -> dict[str, Any]:
-        """The package's graphs, by artifact name; a frozen one is checked against
-        the module it is loaded for (NOTE: [Parameters of frozen packages])."""
+    def _drop_stale(self, entries: list[_Entry], path) -> list[_Entry]:
+        """The entries derived from the code and config this process runs. The
+        others are dropped, with one warning naming what changed (a PackageError
+        with config.package_strict or refuse_stale): NOTE: [What an entry was
+        derived from]."""
+        live = LiveSources(lambda module, qualname: _resolve_code(("function", module, qualname), self._root_codes()))
+        kept, changes = [], {}
+        for entry in entries:
+            records = entry.sources
+            if self._ignore_inlined_sources:
+                records = tuple(r for r in records if r[0] != "inlined")
+            changed = live.changes(records, entry.global_module) if entry.out_code else []
+            for line in changed:
+                changes.setdefault(line, None)
+            if not changed:
+                kept.append(entry)
+        if not changes:
+            return kept
+        self.stale_entries.extend(changes)
+        compiled = sum(1 for entry in entries if entry.out_code)
+        message = (
+            f"package {path}: {len(entries) - len(kept)} of its {compiled} entries were compiled "
+            f"from code or config that differs in this process, and are not loaded: "
+            + "; ".join(changes)
+        )
+        if self.refuse_stale or torch._dynamo.config.package_strict or torch._dynamo.config.strict_precompile:
+            raise PackageError(message)
+        warnings.warn(message + ". The frames they ran will compile.", stacklevel=4)
+        return kept
+
+    def _load_graphs(self, files, redirect: _KernelRedirect, path, needed: set[str]) -> dict[str, Any]:
+        """The package's graphs the ``needed`` artifacts name; a frozen one is
+        checked against the module it is loaded for (NOTE: [Parameters of
+        frozen packages])."""
         module = self._compiled_module()
         graphs = {}
         checks_at_call = self.frozen_checks_at_call
         for name, data in files.items():
             artifact = graph_name(name)
-            if artifact is not None:
+            if artifact is not None and artifact in needed:
                 try:
                     graphs[artifact] = deserialize_graph(data, redirect, artifact)
                 except PackageError as e:
@@ -1903,6 +1946,7 @@ class CompilePackage:
         from torch._guards import CompileId
 
         code = frame.f_code
+        rejected = []
         for loaded in list(self._loaded):
             if not self._entry_matches(loaded.entry, code):
                 continue
@@ -1922,6 +1966,7 @@ class CompilePackage:
                     )
                     continue
             if not loaded.guard_manager.check(frame.f_locals):
+                rejected.append(loaded)
                 continue
             # NOTE: [Bookkeeping of installed entries]
             # What _compile records for a cache entry it installs, recorded for
@@ -1948,7 +1993,63 @@ class CompilePackage:
         if any(self._entry_matches(skip, code) for skip in self._loaded_skips):
             input_codes.add(code)
             return SKIP_FRAME
+        if rejected:
+            _explain_miss(frame, rejected)
         return None
+
+
+    def explain(self, *args, **kwargs) -> str:
+        """What each loaded entry of the compiled callable's own code says
+        about a call with ``args`` and ``kwargs``: accepts, or its first failing
+        guard (NOTE: [Explaining a loaded miss]). Checks guards only: nothing
+        runs, compiles or is installed."""
+        from torch._dynamo.guards import get_guard_fail_reason_helper
+        from torch._guards import CompileId
+
+        fn = self._fn
+        module = fn if isinstance(fn, torch.nn.Module) else None
+        target = type(fn).forward if module is not None else fn
+        target = inspect.unwrap(getattr(target, "__func__", target))
+        if module is None and getattr(fn, "__self__", None) is not None:
+            args = (fn.__self__, *args)
+        elif module is not None:
+            args = (module, *args)
+        bound = inspect.signature(target).bind(*args, **kwargs)
+        bound.apply_defaults()
+        f_locals = dict(bound.arguments)
+        code = target.__code__
+        for name, cell in zip(code.co_freevars, target.__closure__ or ()):
+            f_locals[name] = cell.cell_contents
+        lines = []
+        for loaded in self._loaded:
+            what = f"{loaded.where} ({_describe_key(loaded.entry.code_key)})"
+            if not self._entry_matches(loaded.entry, code):
+                lines.append(f"{what}: not for this call's frame (checked when its frame runs)")
+                continue
+            try:
+                manager = loaded.guard_manager or load_guard_manager(
+                    loaded.entry.guards_state, code, loaded.f_globals, None
+                )
+                if manager.check(f_locals):
+                    lines.append(f"{what}: accepts the call")
+                    continue
+                reason = get_guard_fail_reason_helper(manager, f_locals, CompileId(-1, 0))
+            except Exception as e:
+                reason = f"its guards cannot be checked: {type(e).__name__}: {e}"
+            lines.append(f"{what}: rejects the call: {reason.strip().removeprefix('-1/0: ')}")
+        lines.extend(f"dropped at load: {change}" for change in self.stale_entries)
+        return "\n".join(lines) or "no entries are loaded"
+
+
+def explain_entries(compiled, *args, **kwargs) -> str:
+    """What each entry loaded into the package of ``compiled`` (the result of
+    ``torch.compile(fn_or_module, package=...)``) says about
+    ``compiled(*args, **kwargs)``: see :meth:`CompilePackage.explain`."""
+    get_package = getattr(compiled, "_compile_package", None)
+    package = get_package() if get_package is not None else getattr(compiled, "_package", None)
+    if package is None:
+        raise ValueError(f"{compiled!r} was not compiled with torch.compile(..., package=...)")
+    return package.explain(*args, **kwargs)
 
 
 # What CompilePackage.lookup returns for a frame whose code the package
@@ -2019,7 +2120,7 @@ class PackageAwareConvertFrame:
         entries = self.package.entries
         before = len(entries)
         skipped = len(self.package.skipped)
-        with _recording(self.package):
+        with _recording(self.package), self.package._compiling_frame():
             result = self._inner(frame, cache_entry, hooks, frame_state, **kwargs)
         if (len(entries), len(self.package.skipped)) != (before, skipped) and self._records_cache_entries():
             # As upstream's ConvertFrameAssert: the package changed, record it
@@ -2434,15 +2535,73 @@ class _DDPSplitGraph(SerializableCallable):
 
 
 def find_precompiled_lookup(callback):
-    """The package lookup behind a (wrapped) Dynamo callback, if it has one."""
+    """The package lookup behind a (wrapped) Dynamo callback, if it has one.
+
+    Stance fail_on_recompile calls it on a miss, then raises: a miss that
+    loaded entries rejected raises here, with what rejected it (NOTE:
+    [Explaining a loaded miss])."""
     seen = 0
     while callback is not None and seen < 8:
         lookup = getattr(callback, "lookup_precompiled", None)
         if lookup is not None:
-            return lookup
+            return functools.partial(_lookup_or_explain, lookup)
         callback = getattr(callback, "_torchdynamo_orig_callable", None)
         seen += 1
     return None
+
+
+# NOTE: [Explaining a loaded miss]
+# A frame whose loaded entries all reject it compiles. Dynamo explains a
+# recompile with the guard failures of the frame's cache entries, but a loaded
+# entry that never accepted a frame is in no cache, so its rejection would go
+# unsaid, and a user could not tell whether the package or the call is at
+# fault. The package's lookup explains it instead, the way Dynamo does for its
+# own entries: with TORCH_LOGS=recompiles (recompiles_verbose) it logs the
+# function, and for each loaded entry of that code the package, the entry's
+# number and its first failing guard with the values seen
+# (get_guard_fail_reason_helper); under stance fail_on_recompile the error
+# names the same.
+_recompiles_log = torch._logging.getArtifactLogger(__name__, "recompiles")
+_recompiles_verbose_log = torch._logging.getArtifactLogger(__name__, "recompiles_verbose")
+
+
+def _explain_miss(frame, rejected: list[_LoadedEntry]) -> None:
+    from torch._dynamo.guards import get_guard_fail_reason_helper
+    from torch._guards import CompileId
+
+    code = frame.f_code
+    failures = []
+    for loaded in rejected:
+        try:
+            reason = get_guard_fail_reason_helper(loaded.guard_manager, frame.f_locals, CompileId(-1, 0))
+        except Exception as e:  # a guard that raises says so
+            reason = f"its guards raised {type(e).__name__}: {e}"
+        reason = reason.strip().removeprefix("-1/0: ")  # the compile id of every loaded entry
+        failures.append(f"{loaded.where} ({_describe_key(loaded.entry.code_key)}): {reason}")
+    message = (
+        f"{code.co_name} in {code.co_filename}:{code.co_firstlineno}: its entries loaded "
+        "from packages reject the call:\n" + "\n".join(f"- {line}" for line in failures)
+    )
+    _tls.package_miss = (code, message)
+    if _recompiles_verbose_log.isEnabledFor(logging.DEBUG):
+        _recompiles_verbose_log.debug("Recompiling function %s", message)
+    elif _recompiles_log.isEnabledFor(logging.DEBUG):
+        _recompiles_log.debug("Recompiling function %s", message)
+
+
+def _lookup_or_explain(lookup, frame, cache_entry):
+    _tls.package_miss = None
+    hit = lookup(frame, cache_entry)
+    miss = getattr(_tls, "package_miss", None)
+    if hit is None and miss is not None and miss[0] is frame.f_code:
+        _tls.package_miss = None
+        raise RuntimeError(
+            "Detected recompile when torch.compile stance is 'fail_on_recompile'. "
+            f"filename: '{frame.f_code.co_filename}', "
+            f"function name: '{frame.f_code.co_name}', "
+            f"line number: {getattr(frame, 'f_lineno', '?')}. {miss[1]}"
+        )
+    return hit
 
 
 # ---------------------------------------------------------------------------
@@ -2546,15 +2705,8 @@ class SourceInfo:
 
 def _module_lines(module, first: int, last: int) -> Optional[list[str]]:
     """Lines first..last of ``module``'s source as it is now on disk."""
-    path = getattr(module, "__file__", None)
-    if not path:
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.readlines()
-    except OSError:
-        return None
-    if last > len(lines):
+    lines = read_module_lines(getattr(module, "__file__", None))
+    if lines is None or last > len(lines):
         return None
     return lines[first - 1 : last]
 

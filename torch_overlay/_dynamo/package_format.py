@@ -24,8 +24,10 @@ from typing import Optional
 # The manifest's format_version: a package of another version is refused, not
 # read as this one. 2: resume entries are keyed by a fingerprint of their code,
 # modules compiled through the inline wrapper by their class (NOTE: [Keys of
-# package entries] in torch/_dynamo/package.py).
-PACKAGE_FORMAT_VERSION = 2
+# package entries] in torch/_dynamo/package.py). 3: each entry records what it
+# was derived from (NOTE: [What an entry was derived from] in
+# torch/_dynamo/package_sources.py).
+PACKAGE_FORMAT_VERSION = 3
 
 MANIFEST = "manifest.json"
 SIGNATURE_FILE = "manifest.json.sig"
