@@ -78,6 +78,7 @@ from .package_sources import (
     check_source_records,
     config_records,
     frame_code_record,
+    generated_code_owner,
     inlined_code_record,
     LiveSources,
     read_module_lines,
@@ -372,6 +373,11 @@ def _compiled_through_inline_wrapper(module) -> bool:
 def _code_key(code: types.CodeType, f_globals: dict) -> tuple:
     if _is_resume_code(code):
         return ("resume", code.co_name, _code_fingerprint(code))
+    if code.co_filename.startswith("<") and "<locals>" in code.co_qualname:
+        # Compiled from a string (a dataclass's __init__): found by its function's name.
+        owner = generated_code_owner(code)
+        if owner is not None:
+            return ("function", *owner)
     return ("function", f_globals.get("__name__"), code.co_qualname)
 
 
@@ -407,6 +413,13 @@ def _resolve_code(key: tuple, root_codes: list[types.CodeType]):
     except AttributeError:
         return None
     obj = getattr(obj, "__func__", obj)
+    # A decorated function (functools.wraps: transformers' can_return_tuple on
+    # forward) is found as its wrapper; its code is the wrapped one's.
+    for _ in range(8):
+        code = getattr(obj, "__code__", None)
+        if code is None or code.co_qualname == outer or not hasattr(obj, "__wrapped__"):
+            break
+        obj = getattr(obj.__wrapped__, "__func__", obj.__wrapped__)
     outer_code = getattr(obj, "__code__", None)
     if outer_code is None or outer == qualname:
         return outer_code

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import io
@@ -724,6 +725,54 @@ def _kernel_binaries(graph_blob: bytes) -> dict[str, bytes]:
     return binaries
 
 
+# NOTE: [View replay in packaged AOTAutograd entries]
+# With config.view_replay_for_aliased_outputs (on outside fbcode), an output
+# that aliases an input or an intermediate keeps, in its OutputAliasInfo, the
+# FunctionalTensor it was traced as (functional_tensor, a
+# FunctionalTensorMetadataEq; collect_metadata_analysis.py), so that the
+# runtime can replay its view chain on the real base. That tensor wraps a
+# FakeTensor and has no storage: it cannot be pickled, and 2.7.1's
+# AOTAutogradCache refuses such entries (check_metadata_cacheable) while the
+# compile listener still hands them to the package. A graph as small as
+# `input_ids.view(-1, n)` before a graph break (GPT-2 decoding from a
+# legacy-tuple cache) has one. Upstream records a picklable ViewMetaSequence
+# instead, a C++ binding 2.7.1 lacks, and drops it where it cannot be replayed
+# (symbolic views). The package drops it: a loaded graph regenerates such an
+# output from its base with _view_func or as_strided (gen_alias_from_base),
+# which is what 2.7.1 itself runs with view replay off (make_runtime_safe).
+# The live entry is not touched; a copy is pickled.
+def _without_view_replay(meta):
+    """``meta`` (a ViewAndMutationMeta), or a copy of it whose outputs carry no
+    FunctionalTensor to replay views from (NOTE: [View replay in packaged
+    AOTAutograd entries])."""
+    if meta is None or not any(
+        getattr(o, "functional_tensor", None) is not None for o in meta.output_info
+    ):
+        return meta
+    meta = copy.copy(meta)
+    meta.output_info = [
+        dataclasses.replace(o, functional_tensor=None) for o in meta.output_info
+    ]
+    return meta
+
+
+def _entry_bytes(entry) -> bytes:
+    """The pickled AOTAutogradCacheEntry, less what cannot be pickled."""
+    if entry.__dict__.get("_serialized") is None:
+        meta = _without_view_replay(entry.runtime_metadata)
+        sub = entry.maybe_subclass_meta
+        sub_meta = _without_view_replay(getattr(sub, "fw_metadata", None))
+        if meta is not entry.runtime_metadata or (
+            sub is not None and sub_meta is not sub.fw_metadata
+        ):
+            entry = copy.copy(entry)
+            entry.runtime_metadata = meta
+            if sub is not None and sub_meta is not sub.fw_metadata:
+                entry.maybe_subclass_meta = copy.copy(sub)
+                entry.maybe_subclass_meta.fw_metadata = sub_meta
+    return entry.serialize() if hasattr(entry, "serialize") else pickle.dumps(entry)
+
+
 def serialize_graph(record: _GraphRecord) -> tuple[bytes, dict[str, bytes]]:
     """The artifact of one graph and the kernel binaries it needs."""
     if record.backend in ("eager", "aot_eager"):
@@ -754,7 +803,7 @@ def serialize_graph(record: _GraphRecord) -> tuple[bytes, dict[str, bytes]]:
     if bw_blob is not None:
         kernels.update(_kernel_binaries(bw_blob))
     payload = {
-        "entry": entry.serialize() if hasattr(entry, "serialize") else pickle.dumps(entry),
+        "entry": _entry_bytes(entry),
         "fw_graph": fw_blob,
         "bw_graph": bw_blob,
         "aot_config": record.aot_config,

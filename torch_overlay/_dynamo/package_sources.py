@@ -42,9 +42,10 @@ log = logging.getLogger(__name__)
 # - "inlined": each function Dynamo inlined into the frame (closures and
 #   helpers it called, methods of submodules, torch's own functions): the
 #   sha256 of its source lines as the file on disk holds them now. A function
-#   without a source file (code run with ``python -c`` or exec) records the
-#   fingerprint of its code instead, found again by qualname in the module the
-#   entry runs in.
+#   without a source file (code run with ``python -c``, a dataclass's generated
+#   ``__init__``) records the fingerprint of its code instead, found again by
+#   name: its function's module and qualname (generated_code_owner), or its
+#   qualname in the module the entry runs in.
 # - "config": each configuration value, other than its default, that changes
 #   what is traced or generated without a guard that would see it:
 #   Dynamo's tracing switches (_DYNAMO_TRACED_CONFIG: what is captured and how
@@ -186,6 +187,38 @@ def _source_file(code: types.CodeType) -> tuple[Optional[str], Optional[str]]:
     return module.__name__, path
 
 
+_owners: Any = None
+
+
+def generated_code_owner(code: types.CodeType) -> Optional[tuple[str, str]]:
+    """(module, qualname) that find the function running ``code`` again, for
+    code compiled from a string whose own qualname cannot (a dataclass's
+    ``__init__``, ``__create_fn__.<locals>.__init__``, is found as
+    ``Class.__init__``); None when no such name leads back to it."""
+    global _owners
+    if _owners is None:
+        import weakref
+
+        _owners = weakref.WeakKeyDictionary()
+    if code in _owners:
+        return _owners[code]
+    import gc
+
+    owner = None
+    for ref in gc.get_referrers(code):
+        if not (isinstance(ref, types.FunctionType) and ref.__code__ is code):
+            continue
+        module, qualname = getattr(ref, "__module__", None), getattr(ref, "__qualname__", "")
+        obj: Any = sys.modules.get(module) if isinstance(module, str) else None
+        for part in qualname.split(".") if "<" not in qualname else ():
+            obj = getattr(obj, part, None)
+        if getattr(obj, "__func__", obj) is ref:
+            owner = (module, qualname)
+            break
+    _owners[code] = owner
+    return owner
+
+
 def frame_code_record(code: types.CodeType, module_name: str) -> tuple:
     """The record of an entry's own code (a function found by name)."""
     return (
@@ -208,7 +241,8 @@ def inlined_code_record(code: types.CodeType) -> tuple:
     if module_name is not None and lines is not None and last <= len(lines):
         digest = "lines:" + _sha256_lines(lines[first - 1 : last])
         return (INLINED, module_name, code.co_qualname, code.co_filename, first, last, digest)
-    return (INLINED, "", code.co_qualname, code.co_filename, first, last, "code:" + code_fingerprint(code))
+    module_name, qualname = generated_code_owner(code) or ("", code.co_qualname)
+    return (INLINED, module_name, qualname, code.co_filename, first, last, "code:" + code_fingerprint(code))
 
 
 def _portable_repr(value) -> str:
