@@ -499,6 +499,102 @@ _generate_probe(
 )
 
 
+# -- drift: the model's code or config changed between save and load ----------
+
+# NOTE: [Drift probes]
+# A model file edited between save and load (a new release of the model code)
+# must never run the old code's graph. Each drift probe writes a small model
+# module into the probe's directory, saves it, and the loading process edits
+# one line of it (or a config value) before importing it; the steps then say
+# whether the edited model recompiles (under fail_on_recompile: the stance
+# raises) and, compiling allowed, whether its result is the edited code's.
+# (An edited module global is a guard failure in both versions; the suite
+# tests it: test/dynamo/test_package_sources.py.)
+# Bytecode caching is off for the module, so an edit within one second of the
+# save is never served from a stale .pyc.
+DRIFT_MODEL = """\
+import torch
+
+SCALE = 2.0
+
+
+def helper(x):
+    return x * 3.0
+
+
+class DriftNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return helper(self.linear(x)) * SCALE + 0.5
+"""
+DRIFT_EDITS = {
+    "forward": ("* SCALE + 0.5", "* SCALE + 2.5"),
+    "helper": ("x * 3.0", "x * 4.0"),
+    "config": None,
+}
+
+
+def drift_model(work_dir: Path, edit: Optional[str] = None):
+    """A DriftNet (seed 0) from the module written to ``work_dir``, edited by
+    ``edit`` (a key of DRIFT_EDITS) first."""
+    import importlib
+
+    source_dir = work_dir / "drift_probe_src"
+    source_dir.mkdir(exist_ok=True)
+    source = DRIFT_MODEL
+    if edit is not None and DRIFT_EDITS[edit] is not None:
+        old, new = DRIFT_EDITS[edit]
+        source = source.replace(old, new)
+    (source_dir / "drift_probe_model.py").write_text(source)
+    sys.dont_write_bytecode = True
+    if str(source_dir) not in sys.path:
+        sys.path.insert(0, str(source_dir))
+    sys.modules.pop("drift_probe_model", None)
+    module = importlib.import_module("drift_probe_model")
+    torch.manual_seed(0)
+    return module.DriftNet()
+
+
+def _drift_probe(edit: str, doc: str) -> None:
+    def save(artifact: Path) -> None:
+        compile_cached(drift_model(artifact.parent))(torch.ones(2, 4))
+        torch.compiler.save_cache_artifacts()
+
+    def battery(artifact: Path) -> Iterator[Step]:
+        model = drift_model(artifact.parent, edit)
+        if edit == "config":
+            torch._inductor.config.fallback_random = True
+        compiled = compile_cached(model)
+        x = torch.ones(2, 4)
+        yield Step("the edited model, the saved input", lambda: compiled(x), lambda: model(x))
+        yield Step(
+            "the edited model, compiling allowed",
+            lambda: compiled(x),
+            lambda: model(x),
+            fail_on_recompile=False,
+        )
+
+    probe(f"drift_{edit}", CACHING_PRECOMPILE, "inductor", doc + " (NOTE: [Drift probes])", battery=battery)(save)
+
+
+_drift_probe("forward", "A constant in the compiled module's forward edited between save and load")
+_drift_probe("helper", "A helper function the forward calls (Dynamo inlines it) edited between save and load")
+_drift_probe(
+    "config",
+    "torch._inductor.config.fallback_random set in the loading process, default when saved",
+)
+
+
+def _aot_drift_battery(path: Path) -> Iterator[Step]:
+    model = drift_model(path.parent, "forward")
+    x = torch.ones(2, 4)
+    loaded = load_aot_compiled(path)
+    yield Step("the edited model's forward, loaded", lambda: loaded(model, x), lambda: model(x))
+
+
 # -- aot_compile ---------------------------------------------------------------
 
 
@@ -523,6 +619,22 @@ def _aot_steps(path: Path, fn, cases) -> Iterator[Step]:
     loaded = load_aot_compiled(path)
     for label, args in cases:
         yield Step(label, lambda args=args: loaded(*args), lambda args=args: fn(*args))
+
+
+@probe(
+    "aot_drift_forward",
+    AOT_COMPILE,
+    "eager",
+    "aot_compile of a module's forward, a constant in it edited between save and "
+    "load_compiled_function (NOTE: [Drift probes]).",
+    battery=_aot_drift_battery,
+)
+def _aot_drift_save(path: Path) -> None:
+    model = drift_model(path.parent)
+    compiled = torch.compile(model, fullgraph=True, backend="eager").forward.aot_compile(
+        ((torch.ones(2, 4),), {})
+    )
+    compiled.save_compiled_function(str(path))
 
 
 def _aot_reset_battery(path: Path) -> Iterator[Step]:
