@@ -416,8 +416,8 @@ def _resolve_code(key: tuple, root_codes: list[types.CodeType]):
     # A decorated function (functools.wraps: transformers' can_return_tuple on
     # forward) is found as its wrapper; its code is the wrapped one's.
     for _ in range(8):
-        code = getattr(obj, "__code__", None)
-        if code is None or code.co_qualname == outer or not hasattr(obj, "__wrapped__"):
+        found_code = getattr(obj, "__code__", None)
+        if found_code is None or found_code.co_qualname == outer or not hasattr(obj, "__wrapped__"):
             break
         obj = getattr(obj.__wrapped__, "__func__", obj.__wrapped__)
     outer_code = getattr(obj, "__code__", None)
@@ -1797,7 +1797,8 @@ class CompilePackage:
         with config.package_strict or refuse_stale): NOTE: [What an entry was
         derived from]."""
         live = LiveSources(lambda module, qualname: _resolve_code(("function", module, qualname), self._root_codes()))
-        kept, changes = [], {}
+        kept: list[_Entry] = []
+        changes: dict[str, None] = {}
         for entry in entries:
             records = entry.sources
             if self._ignore_inlined_sources:

@@ -208,9 +208,11 @@ def generated_code_owner(code: types.CodeType) -> Optional[tuple[str, str]]:
     for ref in gc.get_referrers(code):
         if not (isinstance(ref, types.FunctionType) and ref.__code__ is code):
             continue
-        module, qualname = getattr(ref, "__module__", None), getattr(ref, "__qualname__", "")
-        obj: Any = sys.modules.get(module) if isinstance(module, str) else None
-        for part in qualname.split(".") if "<" not in qualname else ():
+        module, qualname = ref.__module__, ref.__qualname__
+        if not isinstance(module, str) or "<" in qualname:
+            continue
+        obj: Any = sys.modules.get(module)
+        for part in qualname.split("."):
             obj = getattr(obj, part, None)
         if getattr(obj, "__func__", obj) is ref:
             owner = (module, qualname)
@@ -258,11 +260,11 @@ def _config_values(module_name: str, names: Optional[tuple]) -> tuple[str, dict[
     are not their defaults, by name. (A default read from the environment is
     only in the digest.)"""
     config = importlib.import_module(module_name)
-    entries = config._config  # type: ignore[attr-defined]
+    entries = config._config
     if names is None:
         names = tuple(
             name
-            for name in config.save_config_portable()  # type: ignore[attr-defined]
+            for name in config.save_config_portable()
             if not any(word in name for word in _NOT_CODEGEN)
         )
     digest = hashlib.sha256()
