@@ -149,9 +149,30 @@ def generate(model, prompt, steps):
     return out[0, -steps:].tolist()
 
 
+def generate_padded(model, batches, steps):
+    """generate() of left-padded batches, one per list of row lengths."""
+    tokens = []
+    for lengths in batches:
+        width = max(lengths)
+        ids = torch.zeros(len(lengths), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, n in enumerate(lengths):
+            ids[row, width - n:] = torch.randint(1, 100, (n,), generator=torch.Generator().manual_seed(n + row))
+            mask[row, width - n:] = 1
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=steps,
+                min_new_tokens=steps, pad_token_id=0, do_sample=False,
+            )
+        tokens.append(out[:, -steps:].tolist())
+    return tokens
+
+
 def run(fn, prompt, steps):
     if case.get("driver") == "generate":
         return generate(fn, prompt, steps)
+    if case.get("driver") == "padded":
+        return generate_padded(fn, prompt, steps)
     return decode(fn, prompt, steps)
 
 
@@ -175,6 +196,9 @@ def compile_model(model, path):
 generator = torch.Generator().manual_seed(1)
 save_prompts = [torch.randint(0, 100, (1, n), generator=generator) for n in case.get("save_lengths", [5])]
 load_prompt = torch.randint(0, 100, (1, case.get("load_length", 9)), generator=generator)
+if case.get("driver") == "padded":
+    # Batches of left-padded rows, by row lengths: saved as one warm-up, loaded as another.
+    save_prompts, load_prompt = [case["save_batches"]], case["load_batches"]
 report = {}
 if mode == "save":
     keys = ["model", "copy"] if case.get("copy") else ["model"]
@@ -266,6 +290,18 @@ class TestPackageServing(torch._dynamo.test_case.TestCase):
         # its own cache, the commonest spelling. With Inductor it used to crash
         # at save (NOTE: [View replay in packaged AOTAutograd entries]).
         self.round_trip({"model": model, "cache": cache_kind, "backend": backend})
+
+    def test_padded_batches_at_new_sizes(self):
+        # docs/packages.md, "Batched serving": warmed with left-padded batches
+        # of two sizes and two lengths, so that no batch size is tied to another
+        # size; served at batch sizes and lengths never seen at save.
+        self.round_trip(
+            {
+                "model": "llama", "cache": "dynamic", "target": "forward", "driver": "padded",
+                "save_batches": [[5, 3], [7, 4, 6]],
+                "load_batches": [[9, 4, 7, 2], [12, 3, 8, 5, 6]],
+            }
+        )
 
     @unittest.skipUnless(LONG_TESTS, "long tail: TORCH_OVERLAY_LONG_TESTS=1 (nightly)")
     def test_decode_mistral_sliding_window(self):

@@ -271,7 +271,7 @@ def _config_values(module_name: str, names: Optional[tuple]) -> tuple[str, dict[
     not_default = {}
     for name in sorted(names):
         entry = entries.get(name)
-        if entry is None or entry.alias is not None:
+        if entry is None or getattr(entry, "alias", None) is not None:
             continue
         value = _portable_repr(getattr(config, name))
         digest.update(f"{name}={value}\0".encode())

@@ -1040,7 +1040,9 @@ def describe(path: Path) -> dict:
 def _describe_entry(fields) -> dict:
     from torch._dynamo.guard_serialization import guard_type_name, load_guards_state
 
-    code_key, out_code, guards_state, global_module, globals_ = fields
+    from torch._dynamo.package_sources import check_source_records, describe_record
+
+    code_key, out_code, guards_state, global_module, globals_, sources = fields
     guards: list[str] = []
     if guards_state:
         state = load_guards_state(guards_state)
@@ -1052,6 +1054,8 @@ def _describe_entry(fields) -> dict:
         "bytecode_bytes": len(out_code),
         "guards": guards,
         "globals": {str(k): str(v[:2])[:200] for k, v in globals_.items()},
+        # NOTE: [What an entry was derived from]
+        "derived_from": [describe_record(r)[:300] for r in sources] if check_source_records(sources) else "malformed",
     }
 
 
