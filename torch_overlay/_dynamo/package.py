@@ -1914,6 +1914,23 @@ class CompilePackage:
                     names.add(owner)
         return names
 
+    def _live_function_globals(self) -> dict[str, dict]:
+        """The globals the compiled function (and, for a module, its submodules'
+        forwards) run with, by module name. Usually the module's own dict; not
+        under torch.multiprocessing.spawn, where the user's script runs in a
+        namespace of runpy's that sys.modules["__mp_main__"] only copies: the
+        bytecode's globals go where its frame reads them."""
+        holders = [self._fn]
+        module = self._compiled_module()
+        if module is not None:
+            holders += [type(m).forward for m in module.modules()]
+        found: dict[str, dict] = {}
+        for holder in holders:
+            f_globals = getattr(getattr(holder, "__func__", holder), "__globals__", None)
+            if isinstance(f_globals, dict) and isinstance(f_globals.get("__name__"), str):
+                found.setdefault(f_globals["__name__"], f_globals)
+        return found
+
     def _install_loaded(self, entry: _Entry, graphs: dict, codes: dict) -> Optional[_LoadedEntry]:
         allowed = self._modules_named_by_live_function()
         module = sys.modules.get(entry.global_module)
@@ -1925,7 +1942,7 @@ class CompilePackage:
                 + ("" if module is not None else " (nor imported)")
             )
             return None
-        f_globals = vars(module)
+        f_globals = self._live_function_globals().get(entry.global_module, vars(module))
         renames = {}
         for name, ref in entry.globals.items():
             unique = f"{name}_pkg{self._uid}"
@@ -2011,7 +2028,6 @@ class CompilePackage:
             _explain_miss(frame, rejected)
         return None
 
-
     def explain(self, *args, **kwargs) -> str:
         """What each loaded entry of the compiled callable's own code says
         about a call with ``args`` and ``kwargs``: accepts, or its first failing
@@ -2023,12 +2039,13 @@ class CompilePackage:
         fn = self._fn
         module = fn if isinstance(fn, torch.nn.Module) else None
         target = type(fn).forward if module is not None else fn
-        target = inspect.unwrap(getattr(target, "__func__", target))
+        # The function whose frame Dynamo compiled: a decorator's wrapper if any.
+        target = getattr(target, "__func__", target)
         if module is None and getattr(fn, "__self__", None) is not None:
             args = (fn.__self__, *args)
         elif module is not None:
             args = (module, *args)
-        bound = inspect.signature(target).bind(*args, **kwargs)
+        bound = inspect.signature(target, follow_wrapped=False).bind(*args, **kwargs)
         bound.apply_defaults()
         f_locals = dict(bound.arguments)
         code = target.__code__

@@ -822,12 +822,26 @@ _ALLOWED_CLASS_MODULES = (
 _STORAGE_TYPES = ("Storage",)
 
 
+# NOTE: [Globals found through another module]
+# The C pickler names an object that has no __module__ (a dtype, a layout, a
+# memory format) by the first module in sys.modules that reaches it, skipping
+# only __main__: under torch.multiprocessing.spawn the user's script is the
+# module __mp_main__, imported before torch, so torch.contiguous_format is
+# pickled as __mp_main__.torch.contiguous_format (and so it is from any user
+# module imported before torch). Such a name is read as the torch name it
+# ends in, with torch's rules: only data (dtypes, layouts, memory formats),
+# never a callable.
 def allowed_global(module: str, name: str):
     """The object a graph pickle may name as ``module.name``, or None."""
     if not (isinstance(module, str) and isinstance(name, str)) or "__" in name:
         return None
     obj: Any
     module = {"__builtin__": "builtins", "copy_reg": "copyreg"}.get(module, module)
+    if name.startswith("torch.") and not (module == "torch" or module.startswith("torch.")):
+        # NOTE: [Globals found through another module]
+        module, name = "torch", name[len("torch."):]
+        obj = getattr(torch, name, None) if "." not in name else None
+        return obj if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)) else None
     exact = (module, name) in _ALLOWED_FUNCTIONS
     by_module = module.startswith(_ALLOWED_CLASS_MODULES) or module + "." in _ALLOWED_CLASS_MODULES
     if module in ("torch", "torch._utils") and not exact:
