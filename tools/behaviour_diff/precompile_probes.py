@@ -82,8 +82,17 @@ def first_line(text: str) -> str:
     return ""
 
 
+# The work directory of the phase running (run_phase): messages name it as
+# <work>, so that environments, each with its own, compare equal (the drift
+# probes' model files live there: NOTE: [Drift probes]).
+_phase_work_dir: Optional[str] = None
+
+
 def describe_exception(e: BaseException) -> dict:
-    return {"type": f"{type(e).__module__}.{type(e).__qualname__}", "message": first_line(str(e))}
+    message = str(e)
+    if _phase_work_dir:
+        message = message.replace(_phase_work_dir, "<work>")
+    return {"type": f"{type(e).__module__}.{type(e).__qualname__}", "message": first_line(message)}
 
 
 # ---------------------------------------------------------------------------
@@ -794,8 +803,10 @@ def run_step(step: Step) -> dict:
 
 def run_phase(name: str, phase: str, work_dir: Path) -> dict:
     """One phase of one probe in this process; returns what happened."""
+    global _phase_work_dir
     probe = PROBES[name]
     artifact = work_dir / f"{name}.pt"
+    _phase_work_dir = str(work_dir)
     api_enabled = caching_precompile() if probe.api == CACHING_PRECOMPILE else aot_compile_enabled()
     started = time.perf_counter()
     result: dict[str, Any] = {"phase": phase, "status": "ok"}
