@@ -193,13 +193,22 @@ def _entries(env: str, package: Path) -> Any:
     return sum(1 for p in dynamo.rglob("*") if p.is_file()) if dynamo.is_dir() else 0
 
 
-def run_save(arch, spelling: str, env: str, work: Path) -> dict[str, Any]:
-    report: dict[str, Any] = {"phase": "save"}
+def _eager_report(phase: str, arch, spelling: str, prompt_length: int, new_tokens: int) -> tuple[dict[str, Any], Any]:
+    """The phase's report with the eager tokens, and the eager decode; or the
+    eager-fails report and None."""
+    report: dict[str, Any] = {"phase": phase}
     try:
-        eager = _eager(arch, spelling, SAVE_PROMPT, SAVE_NEW_TOKENS)
-        report["eager_tokens"] = eager.tokens
+        eager = _eager(arch, spelling, prompt_length, new_tokens)
     except Exception as e:
-        return {**report, "outcome": "eager-fails", "error": describe(e, "eager decode")}
+        return {**report, "outcome": "eager-fails", "error": describe(e, "eager decode")}, None
+    report["eager_tokens"] = eager.tokens
+    return report, eager
+
+
+def run_save(arch, spelling: str, env: str, work: Path) -> dict[str, Any]:
+    report, eager = _eager_report("save", arch, spelling, SAVE_PROMPT, SAVE_NEW_TOKENS)
+    if eager is None:
+        return report
     package = work / "package"
     with _api(env), kept_warnings() as messages:
         stage = "compile"
@@ -244,12 +253,9 @@ def _without_precompile(arch, spelling: str, env: str) -> Any:
 
 
 def run_load(arch, spelling: str, env: str, work: Path) -> dict[str, Any]:
-    report: dict[str, Any] = {"phase": "load"}
-    try:
-        eager = _eager(arch, spelling, LOAD_PROMPT, LOAD_NEW_TOKENS)
-        report["eager_tokens"] = eager.tokens
-    except Exception as e:
-        return {**report, "outcome": "eager-fails", "error": describe(e, "eager decode")}
+    report, eager = _eager_report("load", arch, spelling, LOAD_PROMPT, LOAD_NEW_TOKENS)
+    if eager is None:
+        return report
     with _api(env), kept_warnings() as messages:
         stage = "compile"
         try:
