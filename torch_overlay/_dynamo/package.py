@@ -1208,9 +1208,10 @@ class CompilePackage:
             return
         for code in sources:
             if code not in self._resume_codes:
-                self.source_info.add_code(code)
-                if self._frame_sources is not None and code not in self._frame_sources:
-                    self._frame_sources[code] = inlined_code_record(code)
+                record = inlined_code_record(code)
+                self.source_info.add_record(record)
+                if self._frame_sources is not None:
+                    self._frame_sources.setdefault(code, record)
 
     @contextlib.contextmanager
     def _compiling_frame(self):
@@ -2686,24 +2687,17 @@ class SourceInfo:
     inlined_sources: set[InlinedSource] = dataclasses.field(default_factory=set)
 
     def add_code(self, code: types.CodeType) -> None:
-        module = inspect.getmodule(code)
-        if module is None or not getattr(module, "__file__", None):
-            return
-        # The lines the code was compiled from, read the way a load reads them
-        # (_module_lines), so that an unchanged file always hashes the same.
-        first = code.co_firstlineno
-        last = max((line for _, _, line in code.co_lines() if line is not None), default=first)
-        lines = _module_lines(module, first, last)
-        if lines is None:
-            return
-        self.inlined_sources.add(
-            InlinedSource(
-                module=module.__name__,
-                firstlineno=first,
-                lastlineno=last,
-                checksum=_sha256("".join(lines).encode()),
+        self.add_record(inlined_code_record(code))
+
+    def add_record(self, record: tuple) -> None:
+        """Add an inlined function's record (torch/_dynamo/package_sources.py)
+        when it holds the hash of its source lines, read the way a load reads
+        them, so that an unchanged file always hashes the same."""
+        _, module, _, _, first, last, digest = record
+        if digest.startswith("lines:"):
+            self.inlined_sources.add(
+                InlinedSource(module=module, firstlineno=first, lastlineno=last, checksum=digest.removeprefix("lines:"))
             )
-        )
 
     def check_unchanged(self) -> None:
         """RuntimeError naming the first inlined source that changed since save."""

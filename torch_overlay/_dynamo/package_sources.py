@@ -332,13 +332,14 @@ def describe_record(record: tuple) -> str:
 class LiveSources:
     """A load's view of the live code and config: which records still hold.
 
-    Each source file is read once and each config module's values computed
-    once per load, however many entries name them."""
+    Each source file is read and each line range hashed once, and each config
+    module's values computed once per load, however many entries name them."""
 
     def __init__(self, resolve_code: Callable[[str, str], Optional[types.CodeType]]) -> None:
         # (module, qualname) -> the live code object of that function, or None.
         self._resolve_code = resolve_code
         self._lines: dict[str, Optional[list[str]]] = {}
+        self._digests: dict[tuple[str, int, int], Optional[str]] = {}
         self._configs: dict[str, tuple[str, dict[str, str]]] = {}
 
     def _module_lines(self, module_name: str) -> Optional[list[str]]:
@@ -346,6 +347,17 @@ class LiveSources:
             module = sys.modules.get(module_name)
             self._lines[module_name] = read_module_lines(getattr(module, "__file__", None))
         return self._lines[module_name]
+
+    def _lines_digest(self, module_name: str, first: int, last: int) -> Optional[str]:
+        """The digest of lines first..last of the module's file now (once per
+        range and load: entries share the functions they inline)."""
+        key = (module_name, first, last)
+        if key not in self._digests:
+            lines = self._module_lines(module_name)
+            self._digests[key] = (
+                None if lines is None or last > len(lines) else "lines:" + _sha256_lines(lines[first - 1 : last])
+            )
+        return self._digests[key]
 
     def _live_config(self, module_name: str) -> Optional[tuple[str, dict[str, str]]]:
         if module_name not in self._configs:
@@ -393,12 +405,10 @@ class LiveSources:
         self, kind: str, module: str, qualname: str, first: int, last: int, digest: str
     ) -> Optional[str]:
         if digest.startswith("lines:"):
-            lines = self._module_lines(module)
-            if lines is None or last > len(lines):
+            live_digest = self._lines_digest(module, first, last)
+            if live_digest is None:
                 return "its source file cannot be read"
-            if "lines:" + _sha256_lines(lines[first - 1 : last]) != digest:
-                return "its source changed"
-            return None
+            return "its source changed" if live_digest != digest else None
         live = self._resolve_code(module, qualname)
         if live is None:
             return "no such function in this process"
