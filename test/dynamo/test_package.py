@@ -1543,6 +1543,40 @@ class TestBytecodeConstants(torch._dynamo.test_case.TestCase):
                 with self.assertRaisesRegex(PackageError, "not a function a packaged graph may call"):
                     _fx_graph_from_data({"nodes": nodes, "attrs": {}}, "g")
 
+    def test_graph_attribute_reads_are_public_and_constant(self):
+        from torch._dynamo.package_artifacts import _fx_graph_as_data, _fx_graph_from_data
+
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        transposed = graph.call_function(getattr, (x, "T"))
+        graph.output(graph.call_method("add", (transposed, 1)))
+        data = _fx_graph_as_data(torch.fx.GraphModule({}, graph))
+        self.assertIsNotNone(data)
+        a = torch.arange(6.0).reshape(2, 3)
+        self.assertEqual(_fx_graph_from_data(data, "g")(a), a.T + 1)
+
+        def with_node(index, op, target, args):
+            nodes = list(data["nodes"])
+            _, name, _, _, kwargs = nodes[index]
+            nodes[index] = (op, name, target, args, kwargs)
+            return {"nodes": nodes, "attrs": {}}
+
+        hostile = {
+            "dunder attribute": with_node(1, "call_function", ("builtins", "getattr"), ("tuple", (("node", "x"), ("const", ("const", "__class__"))))),
+            "private attribute": with_node(1, "call_function", ("builtins", "getattr"), ("tuple", (("node", "x"), ("const", ("const", "_cdata"))))),
+            "attribute from a node": with_node(1, "call_function", ("builtins", "getattr"), ("tuple", (("node", "x"), ("node", "x")))),
+            "dunder method": with_node(2, "call_method", "__getattribute__", ("tuple", (("node", "x"), ("const", ("const", "__class__"))))),
+        }
+        for what, damaged in hostile.items():
+            with self.subTest(what):
+                with self.assertRaisesRegex(PackageError, "attribute that is not a public one|may not call"):
+                    _fx_graph_from_data(damaged, "g")
+        # Saving never writes such a graph as data.
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        graph.output(graph.call_function(getattr, (x, "__class__")))
+        self.assertIsNone(_fx_graph_as_data(torch.fx.GraphModule({}, graph)))
+
 
 if __name__ == "__main__":
     from torch._dynamo.test_case import run_tests

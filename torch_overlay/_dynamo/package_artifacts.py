@@ -1348,6 +1348,11 @@ def graph_for_bytecode(graph: Callable[..., Any]) -> Callable[..., Any]:
 # torch's, operator's, math's or builtins' namespace (never eval, exec, open,
 # getattr...); the tensors ``get_attr`` reads are saved with the graph. A graph
 # that holds anything else (submodules, other callables) is saved as before.
+# Two calls reach attributes of a graph value by name: ``getattr(value, name)``
+# (Dynamo emits it for properties such as ``weight.T``) is saved only with a
+# constant public name, and ``call_method`` only with a name that is not a
+# dunder: a graph value's ``__class__`` or ``__globals__`` would lead out of the
+# graph to any function, which the allow-list exists to refuse.
 _GRAPH_TARGET_MODULES = ("torch", "operator", "_operator", "math", "builtins")
 _UNSAFE_TARGETS = frozenset(
     {"eval", "exec", "compile", "open", "__import__", "getattr", "setattr", "delattr",
@@ -1357,6 +1362,26 @@ _UNSAFE_TARGETS = frozenset(
 
 class _NotGraphData(Exception):
     pass
+
+
+_ATTRIBUTE_READ = ("builtins", "getattr")
+
+
+def _public_attribute_read(args, kwargs) -> bool:
+    """Whether ``getattr(*args, **kwargs)`` reads a public attribute of a graph
+    value by a constant name."""
+    return (
+        not kwargs
+        and len(args) == 2
+        and isinstance(args[0], torch.fx.Node)
+        and isinstance(args[1], str)
+        and args[1].isidentifier()
+        and not args[1].startswith("_")
+    )
+
+
+def _method_name_allowed(name) -> bool:
+    return isinstance(name, str) and name.isidentifier() and not (name.startswith("__") and name.endswith("__"))
 
 
 def _target_module_allowed(module: str, qualname: str) -> bool:
@@ -1394,7 +1419,11 @@ def _fx_graph_as_data(gm) -> Optional[dict]:
     try:
         for node in gm.graph.nodes:
             target = node.target
-            if node.op == "call_function":
+            if node.op == "call_function" and target is getattr:
+                if not _public_attribute_read(node.args, node.kwargs):
+                    return None
+                target = _ATTRIBUTE_READ
+            elif node.op == "call_function":
                 where = _named_class_path(target) if isinstance(target, type) else None
                 if where is None:
                     module = getattr(target, "__module__", None)
@@ -1420,6 +1449,8 @@ def _fx_graph_as_data(gm) -> Optional[dict]:
                 if not isinstance(value, torch.Tensor) or type(value) not in (torch.Tensor, torch.nn.Parameter):
                     return None
                 attrs[target] = value
+            elif node.op == "call_method" and not _method_name_allowed(target):
+                return None
             elif node.op not in ("placeholder", "call_method", "output"):
                 return None
             nodes.append((node.op, node.name, target, _graph_arg_as_data(node.args), _graph_arg_as_data(node.kwargs)))
@@ -1476,7 +1507,11 @@ def _fx_graph_from_data(data, name: str) -> torch.fx.GraphModule:
         if op == "call_function":
             if not (isinstance(target, tuple) and len(target) == 2 and all(isinstance(t, str) for t in target)):
                 raise PackageError(f"{where}: node {node_name} has a malformed target")
-            fn = _namespace_lookup(*target) if _target_module_allowed(*target) else None
+            if target == _ATTRIBUTE_READ:
+                # Checked below, with its arguments.
+                fn: Any = getattr
+            else:
+                fn = _namespace_lookup(*target) if _target_module_allowed(*target) else None
             if fn is None or not callable(fn):
                 raise PackageError(
                     f"{where}: node {node_name} calls {target[0][:80]}.{target[1][:80]}, which is "
@@ -1488,12 +1523,18 @@ def _fx_graph_from_data(data, name: str) -> torch.fx.GraphModule:
                 raise PackageError(f"{where}: node {node_name} has a malformed target")
             if op == "get_attr" and target not in attrs:
                 raise PackageError(f"{where}: node {node_name} reads attribute {target[:80]!r}, which the graph does not hold")
+            if op == "call_method" and not _method_name_allowed(target):
+                raise PackageError(f"{where}: node {node_name} calls method {target[:80]!r}, which a packaged graph may not call")
         elif op != "output":
             raise PackageError(f"{where}: node {node_name} has op {str(op)[:40]!r}")
         node_args = _graph_arg_from_data(args, env, where)
         node_kwargs = _graph_arg_from_data(kwargs, env, where)
         if not (isinstance(node_args, tuple) and isinstance(node_kwargs, dict)):
             raise PackageError(f"{where}: node {node_name} has malformed arguments")
+        if target is getattr and not _public_attribute_read(node_args, node_kwargs):
+            raise PackageError(
+                f"{where}: node {node_name} reads an attribute that is not a public one named by a constant"
+            )
         created = graph.create_node(op, target, node_args, node_kwargs, name=node_name)
         env[node_name] = created
     try:
