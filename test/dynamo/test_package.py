@@ -112,6 +112,38 @@ CASES = {
             torch.manual_seed(0)
             return f, [(torch.randn(8), torch.randn(8))], dict(backend=BACKEND)
     """,
+    "recompile_limit": """
+        import torch
+        # recompile_limit on 2.7; cache_size_limit, its alias there, on 2.6
+        torch._dynamo.config.cache_size_limit = 2
+        def f(x, n):
+            return x * n + 1
+        def make():
+            torch.manual_seed(0)
+            x = torch.randn(4)
+            calls = [(x, 1), (x, 2), (x, 3), (x, 4), (x, 1), (x, 2)]
+            return f, calls, dict(backend=BACKEND, dynamic=False)
+    """,
+    "graph_break_in_an_inlined_method": """
+        import torch
+        class Experts(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(4, 4)
+            def route(self, x):
+                out = torch.zeros_like(x)
+                for i in range(2):
+                    rows, = torch.where(x[:, i] > 0)
+                    if rows.numel() > 0:  # a graph break inside the inlined call
+                        out[rows] += self.lin(x[rows])
+                return out
+            def forward(self, x):
+                shape = x.shape
+                return self.route(x.view(-1, 4)).view(*shape) + x
+        def make():
+            torch.manual_seed(0)
+            return Experts(), [(torch.randn(2, 3, 4),)], dict(backend=BACKEND)
+    """,
     "graph_breaks": """
         import torch
         def f(x):
@@ -509,6 +541,13 @@ class TestPackage(PackageTestCase):
         report = self.save_and_load("graph_breaks", backend)
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
 
+    def test_graph_break_in_an_inlined_method(self):
+        # The frame resumes with a NULL on the stack, which Dynamo's bytecode
+        # pops by calling a function it writes in as a constant (PyCodegen.pop_null).
+        report = self.save_and_load("graph_break_in_an_inlined_method", "eager")
+        self.assertGreaterEqual(report["saved_entries"], 2)
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
+
     def test_graph_break_in_a_closure(self):
         report = self.save_and_load("closure_graph_break", "eager")
         self.assertEqual(report["saved_entries"], 4)
@@ -547,6 +586,15 @@ class TestPackage(PackageTestCase):
         report = self.save_and_load("builtin_module", "eager", {"KIND": "lstm"})
         self.assertEqual((report["saved_entries"], report["saved_skipped_frames"]), (0, 1))
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
+
+    def test_code_at_its_recompile_limit(self):
+        # Each int compiles an entry (dynamic=False) until the recompile limit
+        # (2); Dynamo then runs the code's entries only, eagerly for 3 and 4.
+        # The package records that, so that a fresh process runs 3 and 4
+        # eagerly too instead of compiling them, and 1 and 2 from its entries.
+        report = self.save_and_load("recompile_limit", "eager")
+        self.assertEqual((report["saved_entries"], report["saved_skipped_frames"]), (2, 1))
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 6)
 
     def test_rnn_traced_with_allow_rnn(self):
         # Its guards include TYPE_MATCH on the weak references in

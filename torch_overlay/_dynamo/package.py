@@ -27,6 +27,7 @@ import hashlib
 import importlib
 import inspect
 import io
+import itertools
 import logging
 import os
 import pickle
@@ -768,6 +769,14 @@ class _Entry:
     # What the bytecode and graphs were derived from: records of
     # torch/_dynamo/package_sources.py (NOTE: [What an entry was derived from]).
     sources: tuple = ()
+    # For a recorded decision about a code (no out_code): SKIP_CODE or
+    # RUN_ONLY_CODE (NOTE: [Frames Dynamo skips]); "" for a compiled entry.
+    frame_action: str = ""
+
+
+# The frame_action of a code Dynamo decided not to compile, and of a code that
+# hit its recompile limit (it runs its cache entries only, or eagerly).
+SKIP_CODE, RUN_ONLY_CODE = "skip", "run_only"
 
 
 @dataclasses.dataclass
@@ -846,6 +855,8 @@ def _read_entries(files: dict[str, bytes], path) -> list[_Entry]:
                 raise PackageError(f"{where}: field {field} is a {type(getattr(entry, field)).__name__}")
         if not check_source_records(entry.sources):
             raise PackageError(f"{where}: field sources is malformed")
+        if entry.frame_action not in (("",) if entry.out_code else (SKIP_CODE, RUN_ONLY_CODE)):
+            raise PackageError(f"{where}: field frame_action is malformed")
         for name, ref in entry.globals.items():
             shape = _GLOBAL_REF_FIELDS.get(ref[0]) if isinstance(ref, tuple) and ref else None
             if not (
@@ -1051,6 +1062,21 @@ class _EntryRecording:
 
 
 _NOT_YET = object()
+
+
+# A global container is read this far for the modules of what it holds.
+_CONTAINER_ITEMS_READ = 256
+
+
+def _modules_of_callables_in(container) -> set[str]:
+    """The modules of the functions and classes a global dict, list or tuple
+    holds (its first _CONTAINER_ITEMS_READ items)."""
+    items = container.values() if isinstance(container, dict) else container
+    return {
+        item.__module__
+        for item in itertools.islice(items, _CONTAINER_ITEMS_READ)
+        if isinstance(item, (types.FunctionType, type)) and isinstance(item.__module__, str)
+    }
 
 
 class CompilePackage:
@@ -1416,8 +1442,15 @@ class CompilePackage:
     # set_stance("fail_on_recompile"). The package records the decision (for
     # frames Dynamo could have compiled: user code with tensors) and replays
     # it, after the saved entries of that code.
-    def record_skip(self, frame) -> None:
-        """Called after Dynamo decided not to compile ``frame``'s code."""
+    # A code that hit its recompile limit (config.recompile_limit: a MoE
+    # layer's list of expert sizes specializes on each 0 and 1 it sees) is
+    # set by Dynamo to run its cache entries only, eagerly where none accepts
+    # the frame. The package records that too, and replays it for one frame at
+    # a time (apply_to_code off): the code's other loaded entries, which the C
+    # cache does not hold until one accepts a frame, stay reachable.
+    def record_skip(self, frame, frame_action: str = SKIP_CODE) -> None:
+        """Called after Dynamo decided not to compile ``frame``'s code
+        (``frame_action`` SKIP_CODE) or hit its recompile limit (RUN_ONLY_CODE)."""
         from torch._dynamo import trace_rules
         from torch._dynamo.convert_frame import has_tensor_in_frame, output_codes
 
@@ -1434,6 +1467,7 @@ class CompilePackage:
                 guards_state=b"",
                 global_module=frame.f_globals.get("__name__"),
                 globals={},
+                frame_action=frame_action,
             )
         )
 
@@ -1886,8 +1920,11 @@ class CompilePackage:
 
     def _modules_named_by_live_function(self) -> Optional[set]:
         """The modules the compiled function's globals (and, for a module, its
-        submodules' classes) name: the only ones an entry may run in. None when
-        the function is not known yet (aot_compile checks after the load)."""
+        submodules' classes and the functions they hold) name: the only ones an
+        entry may run in. A global container (transformers' ROPE_INIT_FUNCTIONS,
+        a dict of functions a rotary embedding picks from) names the modules of
+        the functions and classes it holds. None when the function is not known
+        yet (aot_compile checks after the load)."""
         fn = self._fn
         if fn is None:
             return None
@@ -1897,6 +1934,12 @@ class CompilePackage:
         if module is not None:
             holders += [type(m).forward for m in module.modules()]
             names |= {type(m).__module__ for m in module.modules()}
+            names |= {
+                value.__module__
+                for m in module.modules()
+                for value in vars(m).values()
+                if isinstance(value, types.FunctionType) and isinstance(value.__module__, str)
+            }
         seen_globals: set[int] = set()
         for holder in holders:
             holder = getattr(holder, "__func__", holder)
@@ -1913,6 +1956,8 @@ class CompilePackage:
                 owner = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
                 if isinstance(owner, str):
                     names.add(owner)
+                elif type(value) in (dict, list, tuple):
+                    names |= _modules_of_callables_in(value)
         return names
 
     def _live_function_globals(self) -> dict[str, dict]:
@@ -2022,9 +2067,10 @@ class CompilePackage:
                 CompileId(-1, 0),
                 "Torch-Compiled Region: loaded from package",
             )
-        if any(self._entry_matches(skip, code) for skip in self._loaded_skips):
-            input_codes.add(code)
-            return SKIP_FRAME
+        for skip in self._loaded_skips:
+            if self._entry_matches(skip, code):
+                input_codes.add(code)
+                return RUN_ONLY_FRAME if skip.frame_action == RUN_ONLY_CODE else SKIP_FRAME
         if rejected:
             _explain_miss(frame, rejected)
         return None
@@ -2087,6 +2133,9 @@ def explain_entries(compiled, *args, **kwargs) -> str:
 # What CompilePackage.lookup returns for a frame whose code the package
 # records as skipped (NOTE: [Frames Dynamo skips]).
 SKIP_FRAME = object()
+# What lookup returns for a code that hit its recompile limit when saved
+# (NOTE: [Frames Dynamo skips]).
+RUN_ONLY_FRAME = object()
 
 
 class PackageAwareConvertFrame:
@@ -2128,7 +2177,7 @@ class PackageAwareConvertFrame:
             guarded = installed_lookup(frame, cache_entry, exclude=self.package)
         if guarded is None:
             return None
-        if guarded is not SKIP_FRAME:
+        if guarded is not SKIP_FRAME and guarded is not RUN_ONLY_FRAME:
             _note_routable(guarded, self, frame)
         if not _callbacks_return_convert_frame_return():
             # NOTE: [Frame callback results on torch 2.6.0]
@@ -2139,6 +2188,12 @@ class PackageAwareConvertFrame:
         if guarded is SKIP_FRAME:
             # What Dynamo returns for a frame it does not compile.
             return ConvertFrameReturn()
+        if guarded is RUN_ONLY_FRAME:
+            # What Dynamo returns at the recompile limit, for this frame only.
+            return ConvertFrameReturn(
+                frame_exec_strategy=FrameExecStrategy(FrameAction.RUN_ONLY, FrameAction.RUN_ONLY),
+                apply_to_code=False,
+            )
         return ConvertFrameReturn(
             frame_exec_strategy=FrameExecStrategy(FrameAction.DEFAULT, FrameAction.DEFAULT),
             guarded_code=guarded,
@@ -2147,7 +2202,7 @@ class PackageAwareConvertFrame:
     def __call__(self, frame, cache_entry, hooks, frame_state, **kwargs):
         hit = self.lookup_precompiled(frame, cache_entry)
         if hit is not None:
-            return None if hit is SKIP_FRAME else hit
+            return None if hit is SKIP_FRAME or hit is RUN_ONLY_FRAME else hit
         hooks = _with_frozen_parameter_filter(hooks, self.package.backend)
         entries = self.package.entries
         before = len(entries)
@@ -2166,8 +2221,9 @@ class PackageAwareConvertFrame:
             origin = self.package._origin(entries[-1])
             if manager is not None and origin is not None:
                 _note_uses(manager, origin)
-        if _skips_code(result):
-            self.package.record_skip(frame)
+        frame_action = _code_frame_action(result)
+        if frame_action:
+            self.package.record_skip(frame, frame_action)
         return result
 
 
@@ -2444,21 +2500,24 @@ def _callbacks_return_convert_frame_return() -> bool:
     return hasattr(types, "ConvertFrameReturn")
 
 
-def _skips_code(result) -> bool:
-    """Whether a frame callback's result runs this code eagerly from now on."""
+def _code_frame_action(result) -> str:
+    """SKIP_CODE when a frame callback's result runs this code eagerly from
+    now on, RUN_ONLY_CODE when it runs only its cache entries from now on (the
+    recompile limit), else ""."""
     if not _callbacks_return_convert_frame_return():
         # NOTE: [Frame callback results on torch 2.6.0]
-        return result is None
+        return SKIP_CODE if result is None else ""
     from torch._dynamo.types import FrameAction
 
     strategy = getattr(result, "frame_exec_strategy", None)
-    return (
-        result is not None
-        and getattr(result, "guarded_code", None) is None
-        and getattr(result, "apply_to_code", False)
-        and strategy is not None
-        and strategy.cur_action == FrameAction.SKIP
-    )
+    if (
+        result is None
+        or getattr(result, "guarded_code", None) is not None
+        or not getattr(result, "apply_to_code", False)
+        or strategy is None
+    ):
+        return ""
+    return {FrameAction.SKIP: SKIP_CODE, FrameAction.RUN_ONLY: RUN_ONLY_CODE}.get(strategy.cur_action, "")
 
 
 # NOTE: [DDPOptimizer graphs in packages]

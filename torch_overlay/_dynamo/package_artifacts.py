@@ -44,6 +44,7 @@ import dataclasses
 import hashlib
 import io
 import enum
+import inspect
 import json
 import logging
 import marshal
@@ -92,7 +93,12 @@ log = logging.getLogger(__name__)
 #       after the graph: the outputs' view and new_ones calls);
 #   the context-manager target values of resume functions (grad mode bools,
 #       autocast device types and dtypes) and the index constants of sources
-#       (ints, slices) come from the same codegen paths.
+#       (ints, slices) come from the same codegen paths;
+#   the no-argument function PyCodegen.pop_null loads to pop a NULL off the
+#       stack (it is called and its None popped), in the resume path of a frame
+#       that graph-breaks inside an inlined call (DeepSeek-V3's MoE block). It is
+#       saved as its kind ("pop_null") and loaded as _popped_null, a function of
+#       the same behaviour.
 # marshal writes none of the torch types. Such a code object is saved as
 # _CODE_WITH_CONSTANTS followed by marshal of (code, table): in the code each such
 # constant is None, and the table says where each goes (a path of indices
@@ -173,11 +179,36 @@ def _encode_constant(value, depth: int = 0) -> tuple:
         if where is not None:
             return ("class", *where)
         raise PackageError(f"its bytecode holds the class {value.__qualname__}, which has no stable name")
+    if _is_pop_null_function(value):
+        return ("pop_null",)
     if _is_marshallable(value):
         return ("const", value)
     raise PackageError(
         f"its bytecode holds a constant of type {cls.__module__}.{cls.__qualname__}, which "
         "a package cannot save"
+    )
+
+
+def _popped_null() -> None:
+    """What a loaded bytecode calls where Dynamo's PyCodegen.pop_null put its
+    own no-argument function (NOTE: [Constants of compiled bytecode])."""
+    return None
+
+
+def _is_pop_null_function(value) -> bool:
+    """Whether ``value`` is the function PyCodegen.pop_null writes into bytecode."""
+    code = getattr(value, "__code__", None)
+    return (
+        isinstance(value, types.FunctionType)
+        and value.__module__ == "torch._dynamo.codegen"
+        and value.__qualname__ == "PyCodegen.pop_null.<locals>.<lambda>"
+        and value.__closure__ is None
+        and not value.__defaults__
+        and code is not None
+        and code.co_argcount == 0
+        and not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+        and code.co_names == ()
+        and code.co_consts in ((None,), ())
     )
 
 
@@ -223,6 +254,8 @@ def _decode_constant(data, depth: int = 0):
         return slice(*(_decode_constant(v, depth + 1) for v in fields[0]))
     if kind == "NotImplemented":
         return NotImplemented
+    if kind == "pop_null":
+        return _popped_null
     if kind == "const":
         if type(fields[0]) not in _MARSHAL_LEAF_TYPES:
             raise PackageError(f"a constant is a {type(fields[0]).__name__}")
@@ -252,6 +285,7 @@ _CONSTANT_KINDS: dict[str, tuple[type, ...]] = {
     "frozenset": (tuple,),
     "slice": (tuple,),
     "NotImplemented": (),
+    "pop_null": (),
     "const": (object,),
     "class": (str, str),
     "enum": (str, str, str),

@@ -26,8 +26,10 @@ from typing import Optional
 # modules compiled through the inline wrapper by their class (NOTE: [Keys of
 # package entries] in torch/_dynamo/package.py). 3: each entry records what it
 # was derived from (NOTE: [What an entry was derived from] in
-# torch/_dynamo/package_sources.py).
-PACKAGE_FORMAT_VERSION = 3
+# torch/_dynamo/package_sources.py). 4: a recorded decision about a code says
+# whether it skips the code or runs only its cache entries (NOTE: [Frames Dynamo
+# skips] in torch/_dynamo/package.py).
+PACKAGE_FORMAT_VERSION = 4
 
 MANIFEST = "manifest.json"
 SIGNATURE_FILE = "manifest.json.sig"
