@@ -297,6 +297,30 @@ FUZZ_SEED ?= 1515
 fuzz: venv
 	FUZZ_CASES=$(FUZZ_CASES) FUZZ_SEED=$(FUZZ_SEED) TORCH_OVERLAY=1 $(PY) -m pytest test/dynamo/test_package_fuzz.py -q -s
 
+# The transformers sweep (issue 46; tools/transformers_sweep/, docs/transformers-sweep.md):
+# every text-generation architecture of the pinned transformers, from one tiny
+# shrink of its config, decoded five ways from packages in fresh processes; the
+# table is benchmarks/results/transformers_sweep/results.md. Hours on two cores:
+# the nightly workflow runs it; `make test` runs an eight-architecture sample
+# (test/overlay/test_transformers_sweep.py). The upstream column runs torch 2.13's
+# caching_precompile on the same cases (Inductor); transformers-sweep-compare
+# writes the two side by side. SWEEP_ARGS narrows a run (--archs, --spellings,
+# --jobs, --update).
+SWEEP_OUT := benchmarks/results/transformers_sweep
+SWEEP_ARGS ?=
+
+.PHONY: transformers-sweep transformers-sweep-upstream transformers-sweep-compare
+transformers-sweep: venv
+	TORCH_OVERLAY=1 $(PY) tools/transformers_sweep/sweep.py --out $(SWEEP_OUT) --env overlay \
+		--work $(BUILD)/transformers-sweep/overlay $(SWEEP_ARGS)
+
+transformers-sweep-upstream: venv upstream-venv
+	$(PY) tools/transformers_sweep/sweep.py --out $(SWEEP_OUT)-upstream --env upstream \
+		--work $(BUILD)/transformers-sweep/upstream $(SWEEP_ARGS)
+
+transformers-sweep-compare:
+	$(PY) tools/transformers_sweep/sweep.py --compare $(SWEEP_OUT) $(SWEEP_OUT)-upstream --out $(SWEEP_OUT)
+
 # Nightly builds (.github/workflows/nightly.yml; docs/nightly-and-bases.md).
 # publish: the patched wheel into the PEP 503 index INDEX (build_scripts/publish_index.py);
 # publish-check: pip installs torch from that index into a fresh venv, and imports it.

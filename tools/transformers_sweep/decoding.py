@@ -1,4 +1,4 @@
-"""Greedy decoding of a tiny model, spelled the three ways the sweep compiles.
+"""Greedy decoding of a tiny model, spelled the five ways the sweep compiles.
 
 Provides :data:`SPELLINGS` (letter -> what it is), :func:`prompt` (a seeded
 prompt without special tokens), :func:`decode` (the greedy tokens of one
@@ -18,6 +18,18 @@ loads its package).
 #    DynamicCache(), or EncoderDecoderCache(DynamicCache(), DynamicCache()).
 # c. model.generate() (greedy, exactly new_tokens tokens) over
 #    model.forward = torch.compile(model.forward), as Hugging Face documents.
+# d. The same generate() of left-padded batches (PADDED_BATCHES: at the save's
+#    prompt length batches of 2 and 3 rows, at the load's batches of 4 and 5:
+#    batch sizes never seen at save), the tokens of every row compared.
+#    Batch 1 is a size of its own (0/1 specialization), so neither phase has it.
+# e. generate() with a static cache, as c, where the model supports one
+#    (_supports_static_cache; eager fails where it does not). A decoder-only
+#    model gets a StaticCache of STATIC_CACHE_LENGTH positions passed in, the
+#    same size in both phases, as a server sizes it once: generate's own
+#    cache_implementation="static" sizes the cache by each call's prompt and
+#    new tokens, a new shape per length, which recompiles without any package
+#    too. An encoder-decoder's cross-attention cache must be as long as its
+#    encoder's input, so there generate() builds it (cache_implementation).
 # A loop's k new tokens take k forward calls (a prefill and k - 1 steps).
 # A model whose forward takes no past_key_values, or returns none, cannot be
 # decoded by a and b; that is its eager failure, reported as such.
@@ -38,6 +50,17 @@ SPELLINGS: dict[str, str] = {
     "a": "greedy loop over torch.compile(model), prefill with past_key_values=None",
     "b": "greedy loop over torch.compile(model), prefill with the default cache object",
     "c": "generate() over model.forward = torch.compile(model.forward)",
+    "d": "generate() of left-padded batches over the compiled forward, batch sizes never seen at save",
+    "e": "generate() with a static cache over the compiled forward",
+}
+STATIC_CACHE_LENGTH = 32
+# The spellings that call generate() over model.forward = torch.compile(model.forward).
+GENERATE_SPELLINGS = ("c", "d", "e")
+# Row lengths of the padded batches spelling d generates, by the phase's prompt
+# length (tools/transformers_sweep/sweep_phase.py: 5 at save, 9 at load).
+PADDED_BATCHES: dict[int, tuple[tuple[int, ...], ...]] = {
+    5: ((5, 3), (7, 4, 6)),
+    9: ((9, 6, 4, 8), (8, 2, 7, 5, 3)),
 }
 
 
@@ -113,22 +136,69 @@ def greedy_loop(fn: Callable, model, ids: torch.Tensor, new_tokens: int, cache=N
             out = fn(**kwargs)
 
 
-def greedy_generate(model, ids: torch.Tensor, new_tokens: int) -> Decoded:
+def _pad_id(model) -> int:
     pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
+    return pad if isinstance(pad, int) else 0
+
+
+def greedy_generate(
+    model, ids: torch.Tensor, new_tokens: int, attention_mask: Optional[torch.Tensor] = None, **options
+) -> Decoded:
+    """generate()'s greedy tokens of every row of ``ids`` (one list), and
+    the logits of the first row."""
     with torch.no_grad():
         out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens, do_sample=False, num_beams=1,
-            pad_token_id=pad if isinstance(pad, int) else 0,
-            output_logits=True, return_dict_in_generate=True,
+            ids, attention_mask=torch.ones_like(ids) if attention_mask is None else attention_mask,
+            max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, num_beams=1,
+            pad_token_id=_pad_id(model), output_logits=True, return_dict_in_generate=True, **options,
         )
     sequences = getattr(out, "sequences", out)
     step_logits = getattr(out, "logits", None)
     # MusicGen returns (batch, codebooks, length).
-    tokens = sequences[0].flatten()[-new_tokens:].tolist()
+    tokens = [t for row in sequences for t in row.flatten()[-new_tokens:].tolist()]
     if not step_logits:
         return Decoded(tokens, None)
     return Decoded(tokens, torch.stack([step[0].flatten().float() for step in step_logits]))
+
+
+def left_padded(model, lengths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of prompts of ``lengths``, left-padded, and its attention mask."""
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), _pad_id(model), dtype=torch.long)
+    mask = torch.zeros((len(lengths), width), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        ids[row, width - length :] = prompt(model.config, length)[0]
+        mask[row, width - length :] = 1
+    return ids, mask
+
+
+def static_cache_generate(model, ids: torch.Tensor, new_tokens: int) -> Decoded:
+    """Spelling e: generate() with a static cache (NOTE: [Sweep spellings])."""
+    if not getattr(model, "_supports_static_cache", False):
+        raise ValueError(f"{type(model).__name__} does not support a static cache (_supports_static_cache)")
+    if is_encoder_decoder(model):
+        return greedy_generate(model, ids, new_tokens, cache_implementation="static")
+    from transformers import StaticCache
+
+    cache = StaticCache(
+        config=model.config, max_batch_size=ids.shape[0], max_cache_len=STATIC_CACHE_LENGTH,
+        device=ids.device, dtype=model.dtype,
+    )
+    return greedy_generate(model, ids, new_tokens, past_key_values=cache)
+
+
+def padded_generate(model, length: int, new_tokens: int) -> Decoded:
+    """Spelling d: generate() of PADDED_BATCHES[length], one batch after the other."""
+    tokens: list[int] = []
+    logits = []
+    for lengths in PADDED_BATCHES[length]:
+        ids, mask = left_padded(model, lengths)
+        decoded = greedy_generate(model, ids, new_tokens, attention_mask=mask)
+        tokens += decoded.tokens
+        logits.append(decoded.logits)
+    if any(part is None for part in logits):
+        return Decoded(tokens, None)
+    return Decoded(tokens, torch.cat(logits))
 
 
 def decode(spelling: str, fn: Callable, model, ids: torch.Tensor, new_tokens: int) -> Decoded:
@@ -140,6 +210,10 @@ def decode(spelling: str, fn: Callable, model, ids: torch.Tensor, new_tokens: in
         return greedy_loop(fn, model, ids, new_tokens, cache=default_cache(model))
     if spelling == "c":
         return greedy_generate(model, ids, new_tokens)
+    if spelling == "d":
+        return padded_generate(model, ids.shape[-1], new_tokens)
+    if spelling == "e":
+        return static_cache_generate(model, ids, new_tokens)
     raise ValueError(f"unknown spelling {spelling!r}; known: {sorted(SPELLINGS)}")
 
 
@@ -153,8 +227,8 @@ def max_logit_difference(a: Decoded, b: Decoded) -> Optional[float]:
 
 def compile_for(spelling: str, model, **options) -> Callable:
     """Compiles what ``spelling`` runs with ``options``; returns what
-    :func:`decode` calls as ``fn`` (c compiles model.forward in place)."""
-    if spelling == "c":
+    :func:`decode` calls as ``fn`` (c, d and e compile model.forward in place)."""
+    if spelling in GENERATE_SPELLINGS:
         model.forward = torch.compile(model.forward, **options)
         return model
     return torch.compile(model, **options)
@@ -162,4 +236,4 @@ def compile_for(spelling: str, model, **options) -> Callable:
 
 def package_holder(spelling: str, fn: Callable, model):
     """The compiled object whose save_package() / load_package() a spelling uses."""
-    return model.forward if spelling == "c" else fn
+    return model.forward if spelling in GENERATE_SPELLINGS else fn

@@ -2,7 +2,7 @@
 
 Every class of transformers 4.52.4's ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` and
 ``MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES`` (issue 46), built from a tiny
-config (``shrink.py``), is greedily decoded under torch.compile three ways
+config (``shrink.py``), is greedily decoded under torch.compile five ways
 (NOTE: [Sweep spellings] in ``decoding.py``), saved in one fresh process and
 loaded in another, under ``fail_on_recompile`` on a prompt length and a number
 of steps never seen at save, its tokens compared with eager's.
@@ -73,7 +73,7 @@ import shrink
 
 log = logging.getLogger(__name__)
 
-SPELLINGS = ("a", "b", "c")
+SPELLINGS = ("a", "b", "c", "d", "e")
 # The python of each environment, and what its phases add to the environment.
 PYTHONS = {"overlay": REPO / ".venv/bin/python", "upstream": REPO / ".venv-upstream/bin/python"}
 ENV_VARS: dict[str, dict[str, Optional[str]]] = {
@@ -327,17 +327,63 @@ def write_results(out_dir: Path, results: dict[str, Any]) -> None:
     (out_dir / RESULTS_MD).write_text("\n".join(lines) + "\n")
 
 
+COMPARISON_MD = "results_vs_upstream.md"
+# Results that decode from the package as eager does; the rest fail the case.
+_PASSING = ("pass",)
+
+
+def write_comparison(out_dir: Path, ours_dir: Path, upstream_dir: Path) -> None:
+    """``out_dir``/results_vs_upstream.md: the overlay's and upstream 2.13's
+    results of the same cases side by side, and where one passes and the other
+    does not (a case one of them did not run is left out of both lists)."""
+    ours = json.loads((ours_dir / RESULTS_JSON).read_text())
+    upstream = json.loads((upstream_dir / RESULTS_JSON).read_text())
+    spellings = [s for s in SPELLINGS if s in ours["spellings"] or s in upstream["spellings"]]
+    lines = [
+        "# transformers sweep: the overlay beside upstream",
+        "",
+        f"Overlay: torch {ours['torch']}, backend {ours['backend']}, package save/load. "
+        f"Upstream: torch {upstream['torch']}, backend {upstream['backend']}, caching_precompile with "
+        "save_cache_artifacts / load_cache_artifacts. Same tiny configs, prompts and calls "
+        "(NOTE: [Sweep results] in tools/transformers_sweep/sweep.py). Each cell: ours / upstream; "
+        "empty where that side did not run the case.",
+        "",
+        "| architecture | " + " | ".join(spellings) + " |",
+        "|---|" + "---|" * len(spellings),
+    ]
+    ahead, behind = [], []
+    arch_ids = list(ours["cases"]) + [a for a in upstream["cases"] if a not in ours["cases"]]
+    for arch_id in arch_ids:
+        cells = []
+        for s in spellings:
+            mine = ours["cases"].get(arch_id, {}).get(s)
+            theirs = upstream["cases"].get(arch_id, {}).get(s)
+            cells.append(f"{mine['result'] if mine else ''} / {theirs['result'] if theirs else ''}")
+            if mine is None or theirs is None or "eager-fails" in (mine["result"], theirs["result"]):
+                continue
+            if mine["result"] in _PASSING and theirs["result"] not in _PASSING:
+                ahead.append(f"- {arch_id} / {s}: upstream {_md_escape(_cell(theirs))}: "
+                             f"{_md_escape(_error_text(theirs.get('error'))[:300])}")
+            elif theirs["result"] in _PASSING and mine["result"] not in _PASSING:
+                behind.append(f"- {arch_id} / {s}: ours {_md_escape(_cell(mine))}: "
+                              f"{_md_escape(_error_text(mine.get('error'))[:300])}")
+        lines.append(f"| {arch_id} | " + " | ".join(cells) + " |")
+    lines += ["", f"## Upstream fails where the overlay passes ({len(ahead)})", "", *ahead]
+    lines += ["", f"## The overlay fails where upstream passes ({len(behind)})", "", *behind]
+    (out_dir / COMPARISON_MD).write_text("\n".join(lines) + "\n")
+
+
 def write_eager_check(out_dir: Path, rows: dict[str, dict], env: str) -> None:
     (out_dir / EAGER_JSON).write_text(json.dumps(rows, indent=1))
     ok = [a for a, r in rows.items() if r.get("build") == "ok" and all(v == "ok" for v in r["eager"].values())]
     lines = [
         f"# transformers sweep, eager check ({env})",
         "",
-        f"{len(rows)} architectures; {len(ok)} build and decode eagerly in all three spellings "
+        f"{len(rows)} architectures; {len(ok)} build and decode eagerly in every spelling "
         "(prompt 5 with 4 new tokens and prompt 9 with 7, no compile).",
         "",
-        "| architecture | class | config | model | a | b | c |",
-        "|---|---|---|---|---|---|---|",
+        "| architecture | class | config | model | " + " | ".join(SPELLINGS) + " |",
+        "|---|---|---|---|" + "---|" * len(SPELLINGS),
     ]
     failures = []
     for arch_id, row in rows.items():
@@ -382,8 +428,12 @@ def _versions(env: str) -> dict[str, str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--compare", nargs=2, type=Path, metavar=("OURS", "UPSTREAM"),
+        help="write OUT/results_vs_upstream.md from two runs' directories, and run nothing",
+    )
     parser.add_argument("--archs", default="", help="comma-separated ids or model types (default: all)")
-    parser.add_argument("--spellings", default="a,b,c")
+    parser.add_argument("--spellings", default=",".join(SPELLINGS))
     parser.add_argument("--env", choices=sorted(PYTHONS), default="overlay")
     parser.add_argument("--jobs", type=int, default=1, help="cases run side by side")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per phase")
@@ -397,6 +447,9 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     out_dir = args.out.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.compare:
+        write_comparison(out_dir, *(d.resolve() for d in args.compare))
+        return 0
     work_root = (args.work or out_dir / "work").resolve()
     arch_ids = select_archs(args.archs)
     archs = shrink.architectures()

@@ -1,0 +1,68 @@
+# Owner(s): ["module: dynamo"]
+"""The transformers sweep's CI sample (issue 46; the whole sweep is
+`make transformers-sweep`, run by the nightly workflow).
+
+Eight of transformers' text-generation architectures, across decoder-only
+(GPT-2, OPT, Qwen2, Falcon), encoder-decoder (BART, T5), mixture of experts
+(Mixtral) and sliding-window attention (Mistral), each built from the sweep's
+tiny config and decoded two ways (a: a greedy loop over torch.compile(model),
+the prefill with no cache object; c: generate() over the compiled forward):
+saved by one fresh process, loaded by another with an empty Inductor cache
+under fail_on_recompile, at a prompt length and a number of new tokens the
+save never saw, and token-identical to eager (NOTE: [Sweep results] in
+tools/transformers_sweep/sweep.py).
+
+Runs the overlay's venv (the sweep's phases run there); skipped in the
+patched wheel's venv, whose suite does not have the sweep's tooling on its
+path.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+from torch.testing._internal.common_utils import run_tests, TestCase
+
+
+REPO = Path(__file__).resolve().parents[2]
+SWEEP = REPO / "tools" / "transformers_sweep" / "sweep.py"
+HAS_OVERLAY = importlib.util.find_spec("torch_overlay") is not None
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+
+SAMPLE = ["gpt2", "opt", "qwen2", "falcon", "seq2seq:bart", "t5", "mixtral", "mistral"]
+SPELLINGS = ["a", "c"]
+
+
+@unittest.skipUnless(HAS_OVERLAY and HAS_TRANSFORMERS, "the sweep runs the overlay's venv, with transformers")
+class TestTransformersSweepSample(TestCase):
+    def test_sample_decodes_from_packages(self):
+        with tempfile.TemporaryDirectory(prefix="sweep-sample-") as out:
+            subprocess.run(
+                [
+                    sys.executable, str(SWEEP), "--out", out, "--env", "overlay",
+                    "--archs", ",".join(SAMPLE), "--spellings", ",".join(SPELLINGS),
+                ],
+                check=True, cwd=REPO, env={**os.environ, "TORCH_OVERLAY": "1"},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            )
+            results = json.loads((Path(out) / "results.json").read_text())
+        self.assertEqual(results["backend"], "aot_eager")
+        for arch in SAMPLE:
+            for spelling in SPELLINGS:
+                with self.subTest(arch=arch, spelling=spelling):
+                    case = results["cases"][arch][spelling]
+                    self.assertEqual(case["result"], "pass", json.dumps(case.get("error"))[:600])
+                    # Something was compiled and packaged, and the load ran it:
+                    # a frame Dynamo skips would pass the token check eagerly.
+                    self.assertGreater(case["entries"], 0)
+                    self.assertEqual(case["max_logit_difference"]["load"], 0.0)
+                    self.assertEqual(case["left_out"], [])
+
+
+if __name__ == "__main__":
+    run_tests()
