@@ -26,8 +26,11 @@ from typing import Optional
 # modules compiled through the inline wrapper by their class (NOTE: [Keys of
 # package entries] in torch/_dynamo/package.py). 3: each entry records what it
 # was derived from (NOTE: [What an entry was derived from] in
-# torch/_dynamo/package_sources.py).
-PACKAGE_FORMAT_VERSION = 3
+# torch/_dynamo/package_sources.py). 4: an aot_compile'd function's code and
+# its closure's codes are recorded by package_sources.code_fingerprint, the
+# digest entries' records use (NOTE: [Finding a local function again] in
+# torch/_dynamo/aot_compile.py).
+PACKAGE_FORMAT_VERSION = 4
 
 MANIFEST = "manifest.json"
 SIGNATURE_FILE = "manifest.json.sig"
