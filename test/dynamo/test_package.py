@@ -876,10 +876,11 @@ class TestPackageAndReset(PackageTestCase):
         self.assertEqual(counters["stats"]["unique_graphs"], 1)
 
 
-class TestPackageLoadPausesGC(PackageTestCase):
-    """NOTE: [No cyclic GC during a load]: the cyclic collector does not run while
-    a package is read and unpickled, nor while a loaded entry's guards are built,
-    and is left as it was found."""
+class TestPackageLoadLeavesGCAlone(PackageTestCase):
+    """NOTE: [Loads leave the garbage collector alone]: a load neither turns
+    the cyclic collector off nor on, so it runs while a package is read and
+    unpickled and while a loaded entry's guards are built, and one the user
+    turned off stays off."""
 
     def setUp(self):
         super().setUp()
@@ -888,35 +889,21 @@ class TestPackageLoadPausesGC(PackageTestCase):
         compiled(torch.randn(4, 3))
         compiled.save_package()
         torch._dynamo.reset()
-        self.collections = []
         self.guard_builds_with_gc = []
         self.loads_with_gc = []
-        gc.callbacks.append(self.record_collection)
-        self.thresholds = gc.get_threshold()
-        # A collection at (nearly) every allocation: a load that does not pause
-        # the collector cannot help collecting.
-        gc.set_threshold(1)
 
     def tearDown(self):
-        gc.set_threshold(*self.thresholds)
-        gc.callbacks.remove(self.record_collection)
         gc.enable()
         super().tearDown()
-
-    def record_collection(self, phase, info):
-        if phase == "start":
-            self.collections.append(info["generation"])
 
     def load_and_call(self):
         """Load the package and call it once, recording the collector's state
         where the package's files are checked and unpickled (load_files) and
-        where the first call builds the entry's guards, and the collections
-        that ran inside load_files."""
+        where the first call builds the entry's guards."""
         from torch._dynamo import guards
         from torch._dynamo.package import CompilePackage
 
         build_guards, load_files = guards.CheckFunctionManager, CompilePackage.load_files
-        collections_in_load_files = []
 
         def recording_build(*args, **kwargs):
             self.guard_builds_with_gc.append(gc.isenabled())
@@ -924,11 +911,7 @@ class TestPackageLoadPausesGC(PackageTestCase):
 
         def recording_load_files(package, *args, **kwargs):
             self.loads_with_gc.append(gc.isenabled())
-            before = len(self.collections)
-            try:
-                return load_files(package, *args, **kwargs)
-            finally:
-                collections_in_load_files.extend(self.collections[before:])
+            return load_files(package, *args, **kwargs)
 
         compiled = torch.compile(_scaled_sum, backend="eager", package=self.package)
         with unittest.mock.patch.object(CompilePackage, "load_files", recording_load_files):
@@ -937,31 +920,20 @@ class TestPackageLoadPausesGC(PackageTestCase):
         with unittest.mock.patch.object(guards, "CheckFunctionManager", recording_build):
             with torch.compiler.set_stance("fail_on_recompile"):
                 self.assertEqual(compiled(x), _scaled_sum(x))
-        return collections_in_load_files
 
-    @parametrize("pauses", [True, False])
-    def test_load_collects_only_when_not_paused(self, pauses):
-        with torch._dynamo.config.patch(package_load_pauses_gc=pauses):
-            during_load = self.load_and_call()
-        self.assertEqual(during_load == [], pauses, during_load)
-        self.assertEqual(self.loads_with_gc, [not pauses])
-        self.assertEqual(self.guard_builds_with_gc, [not pauses])
+    def test_collector_stays_on_through_a_load(self):
+        self.assertTrue(gc.isenabled())
+        self.load_and_call()
+        self.assertEqual(self.loads_with_gc, [True])
+        self.assertEqual(self.guard_builds_with_gc, [True])
         self.assertTrue(gc.isenabled())
 
     def test_collector_turned_off_by_the_user_stays_off(self):
         gc.disable()
-        self.assertEqual(self.load_and_call(), [])
+        self.load_and_call()
         self.assertEqual(self.loads_with_gc, [False])
         self.assertEqual(self.guard_builds_with_gc, [False])
         self.assertFalse(gc.isenabled())
-
-    def test_failed_load_turns_the_collector_back_on(self):
-        dynamo_bin = Path(self.package) / "dynamo.bin"
-        dynamo_bin.write_bytes(dynamo_bin.read_bytes()[:10])
-        compiled = torch.compile(_scaled_sum, backend="eager", package=self.package)
-        with self.assertRaisesRegex(PackageError, "dynamo.bin is corrupted"):
-            compiled.load_package()
-        self.assertTrue(gc.isenabled())
 
 
 class TestPackageFormat(PackageTestCase):
@@ -1485,7 +1457,6 @@ instantiate_parametrized_tests(TestLoadedGraphCalls)
 instantiate_parametrized_tests(TestPackageCallbackChain)
 instantiate_parametrized_tests(TestPackageCompileOptions)
 instantiate_parametrized_tests(TestPackageFormat)
-instantiate_parametrized_tests(TestPackageLoadPausesGC)
 instantiate_parametrized_tests(TestPackageAndReset)
 instantiate_parametrized_tests(TestWrapperKernels)
 

@@ -43,7 +43,6 @@ import contextlib
 import dataclasses
 import functools
 import gc
-import hashlib
 import importlib
 import inspect
 import io
@@ -66,10 +65,10 @@ from .aot_compile_types import (
     BundledGraph,
     GraphModuleSerializableCallable,
 )
+from .package_sources import code_fingerprint
 from .package import (
     _BuiltinsOnlyUnpickler,
     CompilePackage,
-    cyclic_gc_paused,
     SourceInfo,
     SystemInfo,
 )
@@ -130,9 +129,11 @@ def _fresh_function(fn: types.FunctionType) -> types.FunctionType:
     return copy
 
 
-def _code_fingerprint(code: types.CodeType) -> list:
-    """Tells a function's code from another one with the same qualified name."""
-    return [code.co_filename, code.co_firstlineno, hashlib.sha256(code.co_code).hexdigest()]
+def _code_record(code: types.CodeType) -> list:
+    """A code object as the manifest's aot_compile field records it: where it
+    is defined (for messages) and its code_fingerprint, which tells it from
+    any other code with the same qualified name."""
+    return [code.co_filename, code.co_firstlineno, code_fingerprint(code)]
 
 
 @dataclasses.dataclass
@@ -304,7 +305,7 @@ class AOTCompiledFunction:
         self._package = package
         self._guards_state = guards_state
         entry_globals = package.entries[0].globals if package.entries else {}
-        # NOTE: [Runtime environment of compiled bytecode]
+        # See NOTE: [Runtime environment of compiled bytecode]
         self.runtime_env = GraphRuntimeEnv(
             bytecode=out_code,
             pycode=[],
@@ -456,7 +457,7 @@ class AOTCompiledFunction:
         manifest["aot_compile"] = {
             "module": fn._fn.__module__,
             "qualname": fn._fn.__qualname__,
-            "code": _code_fingerprint(fn._fn.__code__),
+            "code": _code_record(fn._fn.__code__),
         }
         if fn._closure_codes:
             manifest["aot_compile"]["closure_code"] = [list(c) for c in fn._closure_codes]
@@ -594,7 +595,7 @@ class _AOTGuardFilter:
         for entry in entries:
             code = self._unsaveable_closure_identity(entry)
             if code is not None:
-                self.closure_codes[tuple(_code_fingerprint(code))] = None
+                self.closure_codes[tuple(_code_record(code))] = None
             keep.append(code is None)
         return keep
 
@@ -819,10 +820,10 @@ def load_compiled_function(file, *, f_globals=None, external_data=None) -> AOTCo
     NOTE: [Finding a local function again]). ``f_globals``: globals the compiled
     code (and its guards) read, over those of the function's module, as
     upstream's ``f_globals``; ``external_data``: see NOTE: [External data].
-    The cyclic GC is paused meanwhile (NOTE: [No cyclic GC during a load]).
+    The garbage collector is left as it is (NOTE: [Loads leave the garbage
+    collector alone]).
     """
-    with cyclic_gc_paused():
-        return _load_compiled_function(file, f_globals, external_data)
+    return _load_compiled_function(file, f_globals, external_data)
 
 
 def _load_compiled_function(file, f_globals, external_data) -> AOTCompiledFunction:
@@ -840,7 +841,7 @@ def _load_compiled_function(file, f_globals, external_data) -> AOTCompiledFuncti
     # module it runs in) before anything is installed.
     saved = manifest["aot_compile"]
     closure_codes, external_keys, external_refs = _saved_closure_fields(saved, where)
-    # NOTE: [Globals of a loaded function]
+    # See NOTE: [Globals of a loaded function]
     missing_refs = [r for r in external_refs if r not in (f_globals or {})]
     if missing_refs:
         raise RuntimeError(
@@ -848,7 +849,7 @@ def _load_compiled_function(file, f_globals, external_data) -> AOTCompiledFuncti
             "compiled function with `f_globals=<enclosing global scope>` (the compiled "
             f"code of {saved.get('qualname')} reads them)"
         )
-    # NOTE: [External data]
+    # See NOTE: [External data]
     for key in external_keys:
         if key not in (external_data or {}):
             raise RuntimeError(
@@ -926,7 +927,7 @@ def _closure_mismatch(fn, closure_codes, external) -> Optional[str]:
     for key, obj in external:
         if id(obj) not in ids:
             return f"its closure does not hold external_data[{key!r}]"
-    codes = {tuple(_code_fingerprint(c)) for c in map(_code_of, reached) if c is not None}
+    codes = {tuple(_code_record(c)) for c in map(_code_of, reached) if c is not None}
     for code in closure_codes:
         if code not in codes:
             return (
@@ -953,7 +954,7 @@ def _check_belongs(entry, fn, where) -> None:
 # A saved function is found again by its module and qualified name. A function
 # defined in a local scope (``<locals>`` in its qualified name) has no such path:
 # it is looked up among the functions alive in this process, by module,
-# qualified name and code (file, first line, bytecode hash saved with it). A
+# qualified name and code (its code_fingerprint, saved with it). A
 # process where it does not exist (a fresh one, typically) cannot load it: a
 # PackageError says so. A candidate whose closure does not reach the code the
 # file recorded (NOTE: [Guards on the closure of an aot_compile'd function]) or
@@ -962,6 +963,18 @@ def _check_belongs(entry, fn, where) -> None:
 # left and differ in closure or defaults, they are looked for again after a
 # garbage collection (a finished scope's cycles keep functions alive); if they
 # still differ, which one was meant is unknowable: a PackageError too.
+#
+# The live functions are found by scanning the heap (gc.get_objects()), not
+# by following references from somewhere narrower, because the refusal above
+# needs every candidate: a local function may be held by anything (an
+# attribute of a model, a list, another function's closure, a local of
+# another thread's frame, a module global a decorator assigned). A search
+# from the loading frames and the function's module would see a subset, and
+# where the subset held one of two functions that differ only in closure
+# values (make(2) and make(3)) it would load for the one it saw with no way
+# to know the caller meant the other. The scan reads the heap and changes
+# nothing; the one collection it may run is a plain gc.collect(), only when
+# candidates are left that differ.
 
 
 def _function_of(code_key, saved: Any, where, belongs=None):
@@ -978,11 +991,11 @@ def _function_of(code_key, saved: Any, where, belongs=None):
     _, code_module, code_qualname = code_key
     module_name = saved.get("module", code_module)
     qualname = saved.get("qualname", code_qualname)
-    code_fingerprint = saved.get("code")
+    saved_code = saved.get("code")
     if not isinstance(module_name, str) or not isinstance(qualname, str):
         raise PackageError(f"{where}: the manifest names no function to load into")
     if "<locals>" in qualname:
-        return _live_local_function(module_name, qualname, code_fingerprint, where, belongs)
+        return _live_local_function(module_name, qualname, saved_code, where, belongs)
     obj: Any = sys.modules.get(module_name)
     try:
         for part in qualname.split("."):
@@ -1029,7 +1042,7 @@ def _same_function(a: types.FunctionType, b: types.FunctionType) -> bool:
 _EMPTY_CELL = object()
 
 
-def _live_local_function(module_name, qualname, code_fingerprint, where, belongs):
+def _live_local_function(module_name, qualname, saved_code, where, belongs):
     def select() -> tuple[list, list, list]:
         candidates = [
             obj
@@ -1038,7 +1051,7 @@ def _live_local_function(module_name, qualname, code_fingerprint, where, belongs
             and obj.__qualname__ == qualname
             and obj.__module__ == module_name
             and obj not in _COMPILE_COPIES
-            and (code_fingerprint is None or _code_fingerprint(obj.__code__) == code_fingerprint)
+            and (saved_code is None or _code_record(obj.__code__) == saved_code)
         ]
         mismatches = [belongs(c) for c in candidates]
         matching = [c for c, reason in zip(candidates, mismatches) if reason is None]

@@ -8,9 +8,9 @@ mode stack, functorch and forward-AD levels) into a :class:`GuardsState`,
 pickled into ``CheckFunctionManager.guards_state``.
 ``torch._dynamo.package.load_guard_manager(state, code, f_globals)``, which
 passes ``state.output_graph`` where a compile passes its OutputGraph, rebuilds
-the same C++ GuardManager tree from it. (``guards_serialization_mode="save"`` /
-``"load"`` is the seed's alias: NOTE: [Guard serialization spellings] in
-guards.py.)
+the same C++ GuardManager tree from it. (``guards_serialization_mode="save"``
+/ ``"load"`` is the earlier spelling, kept as an alias: NOTE: [Guard
+serialization spellings] in guards.py.)
 
 Provides :class:`GuardsState`, :class:`OutputGraphGuardsState`,
 :func:`pickle_guards_state`, :func:`load_guards_state` (a restricted unpickler,
@@ -22,6 +22,7 @@ refusal policy (:data:`UNSUPPORTED_SERIALIZATION_GUARD_TYPES`,
 :func:`resolve_name`) and the recorder the GuardBuilder reports to. What each
 kind of value is saved as, and loaded back from, is one codec per kind in
 :mod:`torch._dynamo.guard_serialization_codecs` (NOTE: [Stand-in codecs]).
+"""
 
 # NOTE: [Guard serialization by recorded values]
 # The GuardBuilder decides everything from values it reads with ``self.get(name)``
@@ -52,13 +53,12 @@ kind of value is saved as, and loaded back from, is one codec per kind in
 #   * everything reachable but not guarded becomes a placeholder, so unpicklable
 #     bystanders (locks, generators, process groups...) never break a save.
 #
-# # NOTE: [Runtime globals]
+# NOTE: [Runtime globals]
 # The C++ globals accessor binds to a dict object when built. A loaded manager
 # must bind to the RUNTIME globals of the module that owns the code (binding to
 # a saved copy would silently check stale values), while the values it is built
 # from are the SAVED ones. The GuardBuilder therefore keeps the two apart:
 # ``scope["G"]`` for values, ``runtime_global_scope`` for binding.
-"""
 
 from __future__ import annotations
 
@@ -1093,7 +1093,7 @@ class GuardsStateUnpickler(pickle.Unpickler):
 # unpickler (GuardsStateUnpickler) and rebuilds the saved guards, so whatever
 # hydrate() builds from has passed its allow-list. The states it returned are
 # remembered by identity (a weak table: a copy or a re-pickle of one is not
-# one of them). The seed's alias also takes the GuardsState that plain
+# one of them). The earlier spelling also takes the GuardsState that plain
 # ``pickle.loads(guards_state)`` returns (CheckFunctionManager(code, state,
 # guards_serialization_mode="load")); as_loaded_guards_state() reads such a
 # state again through load_guards_state, so the restricted unpickler runs on
@@ -1136,7 +1136,7 @@ def read_by_load_guards_state(output_graph) -> bool:
 
 def as_loaded_guards_state(state: GuardsState) -> GuardsState:
     """``state`` if :func:`load_guards_state` returned its output graph state;
-    otherwise (the seed alias's ``pickle.loads(guards_state)``) the same state
+    otherwise (the earlier spelling's ``pickle.loads(guards_state)``) the same state
     read again through load_guards_state (NOTE: [One guard load path])."""
     if not isinstance(state, GuardsState):
         raise PackageError(

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import gc
 import hashlib
 import importlib
 import inspect
@@ -74,8 +73,8 @@ from .package_format import (
     PACKAGE_FORMAT_VERSION,
     SIGNATURE_FILE,
 )
-from .package_sources import code_fingerprint as _code_fingerprint
 from .package_sources import (
+    code_fingerprint,
     check_source_records,
     config_records,
     frame_code_record,
@@ -113,36 +112,19 @@ def load_guards_state(guards_state: bytes):
     return guard_serialization.load_guards_state(bytes(guards_state))
 
 
-# NOTE: [No cyclic GC during a load]
-# A load only adds long-lived objects: the runtime modules it imports, the
-# graphs, code objects and guards it unpickles, the guard managers it builds.
-# CPython's cyclic collector counts those allocations and, past its thresholds,
-# collects; a full collection walks every object of the process (50-80 ms after
-# `import torch` on a 2-core machine, a tenth of a package load) and finds no
-# garbage. So the loader pauses the collector while it reads, checks and
-# unpickles a package (CompilePackage.load, load_compiled_function) and while
-# it builds a loaded entry's guard manager on its first call, and turns it back
-# on afterwards, when the load fails too. A
-# collector the user turned off stays off, and nested pauses are one pause. No
-# collection is skipped for good: the objects allocated meanwhile stay counted
-# and the collector runs at its next threshold after the load.
-# config.package_load_pauses_gc = False loads with the collector running.
-
-
-@contextlib.contextmanager
-def cyclic_gc_paused():
-    """Pause Python's cyclic garbage collector for a load (see NOTE: [No cyclic
-    GC during a load])."""
-    from torch._dynamo import config
-
-    if not (config.package_load_pauses_gc and gc.isenabled()):
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
+# NOTE: [Loads leave the garbage collector alone]
+# A load neither turns Python's cyclic garbage collector off nor on: gc is
+# one switch for the whole process, so a loader that turned it off would turn
+# it off for every thread while it ran, and two loads at once (or one inside
+# another) would turn it back on while the other still ran. The collections a
+# load triggers walk objects the load allocated and the rest of the heap; in
+# fresh processes (benchmarks/results/load_time_gc.md) a package load and an
+# aot_compile load took as long, as ratios to eager, with the collector
+# running as with it paused, within the spread of the runs. A process that
+# loads once and then serves can call gc.freeze() after the load itself: that
+# moves every object alive then (the loaded code, graphs and guards among
+# them) to the permanent generation, which later collections skip; it is the
+# caller's choice, because objects frozen are never collected (docs/packages.md).
 
 
 def load_guard_manager(
@@ -162,16 +144,35 @@ def load_guard_manager(
     """
     from torch._dynamo.guards import CheckFunctionManager
 
-    with cyclic_gc_paused():
-        if isinstance(guards_state, (bytes, bytearray, memoryview)):
-            guards_state = load_guards_state(guards_state)
-        return CheckFunctionManager(
-            target_code,
-            guards_state.output_graph,
-            cache_entry,
-            shape_code_parts=guards_state.shape_code_parts,
-            runtime_global_scope=runtime_global_scope,
-        ).guard_manager
+    if isinstance(guards_state, (bytes, bytearray, memoryview)):
+        guards_state = load_guards_state(guards_state)
+    return CheckFunctionManager(
+        target_code,
+        guards_state.output_graph,
+        cache_entry,
+        shape_code_parts=guards_state.shape_code_parts,
+        runtime_global_scope=runtime_global_scope,
+    ).guard_manager
+
+
+# NOTE: [One strict flag]
+# Whether an entry precompile cannot save (or a stale entry at load) is an
+# error rather than a warning is one choice, upstream's
+# config.strict_precompile. The compile packages' earlier name for it,
+# config.package_strict (env TORCH_DYNAMO_PACKAGE_STRICT), is kept as another
+# spelling of that choice. A config alias would make it one flag in the config
+# module itself, but torch 2.6.0 (a supported base) has no config aliases, so
+# the two are read together in one place, strict_precompile(), and nowhere
+# else. strict_precompile alone also makes an AOTAutograd cache bypass raise
+# (in the patched AOTAutograd cache, which reads upstream's flag).
+
+
+def strict_precompile() -> bool:
+    """Whether precompile refuses what it would leave out with a warning
+    (NOTE: [One strict flag])."""
+    from torch._dynamo import config
+
+    return bool(config.strict_precompile or config.package_strict)
 
 
 def current_package() -> Optional[CompilePackage]:
@@ -346,7 +347,7 @@ def _add_note_uses_guard(guard_manager, origin: _EntryOrigin) -> None:
 #                                   a package compiled for that class uses it.
 # A key that cannot be found again in a fresh process (a nested function, a
 # local class's method reached through a graph break) leaves its entry out at
-# save, with a warning (an error with config.package_strict).
+# save, with a warning (an error with config.strict_precompile).
 
 
 def _is_resume_code(code: types.CodeType) -> bool:
@@ -373,7 +374,7 @@ def _compiled_through_inline_wrapper(module) -> bool:
 
 def _code_key(code: types.CodeType, f_globals: dict) -> tuple:
     if _is_resume_code(code):
-        return ("resume", code.co_name, _code_fingerprint(code))
+        return ("resume", code.co_name, code_fingerprint(code))
     if code.co_filename.startswith("<") and "<locals>" in code.co_qualname:
         # Compiled from a string (a dataclass's __init__): found by its function's name.
         owner = generated_code_owner(code)
@@ -500,7 +501,7 @@ class _AOTCompileListener:
 # each compiled graph (Inductor's generated code and kernels, a custom
 # backend's serialized callable), so an option that only steers compilation
 # round-trips by construction. Refused at save, each with a warning naming the
-# option (an error with config.package_strict), are the options whose effect
+# option (an error with config.strict_precompile), are the options whose effect
 # is not in those artifacts or that leave no artifact to save
 # (_refused_option). Every package records its options in the manifest.
 
@@ -521,7 +522,7 @@ def _refused_option(record: _GraphRecord) -> Optional[str]:
     """Why the graph's options keep it out of a package, naming the option."""
     options = record.options
     if record.freezing and not record.frozen_under_no_grad:
-        # NOTE: [Frozen graphs in packages]
+        # See NOTE: [Frozen graphs in packages]
         return (
             "options={'freezing': True} in grad mode: Inductor freezes only under "
             "torch.no_grad(), and 2.7.1's AOTAutograd cache keeps no entry for a graph "
@@ -894,7 +895,7 @@ def _check_package_contents(entries: list[_Entry], files: dict[str, bytes], path
 
 
 def _unmarshal_code(data: bytes, what: str) -> types.CodeType:
-    # NOTE: [Constants of compiled bytecode]
+    # See NOTE: [Constants of compiled bytecode]
     return load_code(data, what)
 
 
@@ -1282,13 +1283,12 @@ class CompilePackage:
             raise AssertionError("install() needs a package made from a cache entry (DynamoStore.load_package)")
         entry = PrecompileCacheEntry(self._pending, dict(backends))
         files, manifest = entry.files_and_manifest()
-        with cyclic_gc_paused():
-            self.load_files(files, manifest, self._store_key or "<cache entry>")
+        self.load_files(files, manifest, self._store_key or "<cache entry>")
         self._pending = None
         _installed_packages.add(self)
-        # NOTE: [Installed packages and torch._dynamo.reset()]
+        # See NOTE: [Installed packages and torch._dynamo.reset()]
         _uninstall_on_reset()
-        # NOTE: [Frames of loaded packages]
+        # See NOTE: [Frames of loaded packages]
         _count_loaded_frames(int(self.load_stats["codes"]))
 
     def uninstall(self) -> None:
@@ -1347,7 +1347,7 @@ class CompilePackage:
         key = entry.code_key
         if key[0] == "resume":
             return (
-                len(key) == 3 and _is_resume_code(code) and _code_fingerprint(code) == key[2]
+                len(key) == 3 and _is_resume_code(code) and code_fingerprint(code) == key[2]
             )
         if key[0] == "inline_wrapper":
             return code is _inline_wrapper_code() and self._inline_wrapped_class() == tuple(key[1:])
@@ -1373,14 +1373,14 @@ class CompilePackage:
                 global_refs = self._classify_globals(out_code, f_globals)
                 global_refs.update(recording.global_refs(f_globals.get("__name__")))
             global_refs = dict(sorted(global_refs.items()))
-            # NOTE: [Constants of compiled bytecode]
+            # See NOTE: [Constants of compiled bytecode]
             saved_code = dump_code(out_code)
             sources = self._entry_sources(key, code)
         except PackageError as e:
             self._exclude(code, str(e))
             return
         except Exception as e:
-            # NOTE: [A save never loses what it could save]
+            # See NOTE: [A save never loses what it could save]
             log.debug("recording the entry of %s failed", code.co_qualname, exc_info=True)
             self._exclude(code, f"recording it raised {type(e).__name__}: {e}"[:800])
             return
@@ -1479,8 +1479,8 @@ class CompilePackage:
 
     def _leave_out(self, message: str) -> None:
         """An entry stays out of the package: a warning, or with
-        config.package_strict (upstream: config.strict_precompile) an error."""
-        if torch._dynamo.config.package_strict or torch._dynamo.config.strict_precompile:
+        strict precompile (:func:`strict_precompile`) an error."""
+        if strict_precompile():
             raise PackageError(message)
         self._unsaveable.append(message)
         warnings.warn(message, stacklevel=3)
@@ -1488,7 +1488,7 @@ class CompilePackage:
     def guards_refused(self, code, error: PackageError) -> None:
         reason = str(error)
         if "ID_MATCH" in reason and _freezing_parameters():
-            # NOTE: [Parameters of frozen packages]
+            # See NOTE: [Parameters of frozen packages]
             reason += (
                 "; with freezing (torch._inductor.config.freezing under torch.no_grad()) "
                 "Dynamo guards the parameters it folds by identity, which another process "
@@ -1541,8 +1541,7 @@ class CompilePackage:
     # (its bytecode, globals or sources) or serializing one graph (pickling an
     # AOTAutograd cache entry, reading Inductor's output) leaves that entry out
     # with a warning naming it and the error, and the rest of the package is
-    # written; with config.package_strict (upstream: strict_precompile) it is a
-    # PackageError instead. Only what concerns the whole package (its path,
+    # written; with config.strict_precompile it is a PackageError instead. Only what concerns the whole package (its path,
     # signing key, the write itself) fails the save.
     def save(self, path: Optional[str] = None) -> str:
         """Write the package as a directory (see NOTE: [Package format])."""
@@ -1560,7 +1559,7 @@ class CompilePackage:
         from . import package_storage
 
         if package_storage.is_remote(path):
-            # NOTE: [Packages in object storage]
+            # See NOTE: [Packages in object storage]
             package_storage.save_to_url(
                 str(path), lambda local: _write_atomically(local, files, manifest)
             )
@@ -1592,7 +1591,7 @@ class CompilePackage:
                 failed[artifact] = str(e)
                 continue
             except Exception as e:
-                # NOTE: [A save never loses what it could save]
+                # See NOTE: [A save never loses what it could save]
                 log.debug("serializing graph %s failed", artifact, exc_info=True)
                 failed[artifact] = f"serializing graph {artifact} raised {type(e).__name__}: {e}"[:800]
                 continue
@@ -1631,7 +1630,7 @@ class CompilePackage:
             )
             or "cpu",
             "backend": self.backend.kind if self.backend else None,
-            # NOTE: [Compile options in packages]
+            # See NOTE: [Compile options in packages]
             "compile_options": {
                 k: repr(v) for k, v in sorted((self.backend.options if self.backend else {}).items())
             },
@@ -1677,11 +1676,11 @@ class CompilePackage:
             for entry in kept:
                 for ref in entry.globals.values():
                     if ref[0] == "resume":
-                        carried.add(_code_fingerprint(load_code(ref[2], "a resume function")))
+                        carried.add(code_fingerprint(load_code(ref[2], "a resume function")))
                 nested_codes = _nested_codes(load_code(entry.out_code, "an entry")) if entry.out_code else ()
                 for nested in nested_codes:
                     if _is_resume_code(nested):
-                        carried.add(_code_fingerprint(nested))
+                        carried.add(code_fingerprint(nested))
             still_kept = []
             for entry in kept:
                 reason = self._unresolvable_reason(entry, carried)
@@ -1726,11 +1725,10 @@ class CompilePackage:
         The package is read with the configured trust (NOTE: [Trust model of
         compile packages]): its manifest's signature is verified before any
         other file is opened, and every file is read confined to the package
-        and checked against the manifest's sha256. The cyclic GC is paused
-        meanwhile (NOTE: [No cyclic GC during a load])."""
-        with cyclic_gc_paused():
-            loaded = self._load(path)
-        # NOTE: [Frames of loaded packages]
+        and checked against the manifest's sha256 (the garbage collector is
+        left as it is: NOTE: [Loads leave the garbage collector alone])."""
+        loaded = self._load(path)
+        # See NOTE: [Frames of loaded packages]
         _count_loaded_frames(int(self.load_stats["codes"]))
         return loaded
 
@@ -1741,12 +1739,12 @@ class CompilePackage:
         from . import package_storage
 
         if package_storage.is_remote(given):
-            # NOTE: [Packages in object storage]
+            # See NOTE: [Packages in object storage]
             with package_storage.fetched_package(str(given), check_manifest) as fetched:
                 package = read_package(fetched, check_manifest)
             return self.load_files(package.files, package.manifest, given)
         where = package_storage.local_path(given)
-        # NOTE: [Replacing a package atomically]
+        # See NOTE: [Replacing a package atomically]
         package = package_storage.read_consistently(
             where, lambda local: read_package(local, check_manifest)
         )
@@ -1759,8 +1757,8 @@ class CompilePackage:
         fields, every file against its sha256, the entries' structure, the
         graphs and kernels they name, their bytecode and guards against the
         live function; a failed load leaves nothing behind (no temp files).
-        Its callers (load, load_compiled_function) pause the cyclic GC (NOTE:
-        [No cyclic GC during a load])."""
+        The garbage collector is left as it is (NOTE: [Loads leave the
+        garbage collector alone])."""
         started = time.perf_counter()
         manifest = check_manifest_schema(manifest, path)
         check_files(files, manifest, path)
@@ -1829,7 +1827,7 @@ class CompilePackage:
     def _drop_stale(self, entries: list[_Entry], path) -> list[_Entry]:
         """The entries derived from the code and config this process runs. The
         others are dropped, with one warning naming what changed (a PackageError
-        with config.package_strict or refuse_stale): NOTE: [What an entry was
+        with strict_precompile() or refuse_stale): NOTE: [What an entry was
         derived from]."""
         live = LiveSources(lambda module, qualname: _resolve_code(("function", module, qualname), self._root_codes()))
         kept: list[_Entry] = []
@@ -1852,7 +1850,7 @@ class CompilePackage:
             f"from code or config that differs in this process, and are not loaded: "
             + "; ".join(changes)
         )
-        if self.refuse_stale or torch._dynamo.config.package_strict or torch._dynamo.config.strict_precompile:
+        if self.refuse_stale or strict_precompile():
             raise PackageError(message)
         warnings.warn(message + ". The frames they ran will compile.", stacklevel=4)
         return kept
@@ -2180,7 +2178,7 @@ class PackageAwareConvertFrame:
         if guarded is not SKIP_FRAME and guarded is not RUN_ONLY_FRAME:
             _note_routable(guarded, self, frame)
         if not _callbacks_return_convert_frame_return():
-            # NOTE: [Frame callback results on torch 2.6.0]
+            # See NOTE: [Frame callback results on torch 2.6.0]
             return guarded
         from torch._dynamo.convert_frame import ConvertFrameReturn
         from torch._dynamo.types import FrameAction, FrameExecStrategy
@@ -2505,7 +2503,7 @@ def _code_frame_action(result) -> str:
     now on, RUN_ONLY_CODE when it runs only its cache entries from now on (the
     recompile limit), else ""."""
     if not _callbacks_return_convert_frame_return():
-        # NOTE: [Frame callback results on torch 2.6.0]
+        # See NOTE: [Frame callback results on torch 2.6.0]
         return SKIP_CODE if result is None else ""
     from torch._dynamo.types import FrameAction
 
@@ -2850,7 +2848,7 @@ class SystemInfo:
 def _resume_ref_fingerprint(data: bytes) -> str:
     """The fingerprint of the resume function a global reference holds (the
     key of that function's own entries: NOTE: [Keys of package entries])."""
-    return _code_fingerprint(load_code(data, "a resume function"))
+    return code_fingerprint(load_code(data, "a resume function"))
 
 
 @dataclasses.dataclass

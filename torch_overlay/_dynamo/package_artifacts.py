@@ -12,6 +12,7 @@ Inductor and custom-backend graphs), the packaged graph callables
 redirect that loads packaged CPU kernels instead of compiling them, and
 :func:`read_manifest` / :func:`check_manifest` / :func:`write_archive` /
 :func:`read_archive`.
+"""
 
 # NOTE: [Package format]
 # <dir>/manifest.json       read and checked before anything is unpickled:
@@ -33,7 +34,6 @@ redirect that loads packaged CPU kernels instead of compiling them, and
 # wrapper code runs with kernel loading redirected to the package's binaries, so
 # neither the C++ compiler nor Inductor's CPU ISA probe runs; the CPU capability
 # recorded at save is checked instead.
-"""
 
 from __future__ import annotations
 
@@ -613,8 +613,8 @@ _CPP_PYBINDING = "cpp_pybinding"
 #     ''')
 # The loader checks every kernel a graph's code loads against its package
 # (and the save reads the same list), so this runs on every load. Parsing the
-# whole module and walking its AST cost 0.3 s per load for a 32-block
-# transformer (8500 lines, 33k nodes): more than the rest of the loader. The
+# whole module and walking its AST took longer, for a 32-block transformer
+# (8500 lines, 33k nodes), than the rest of the loader together. The
 # statements are found by their text instead and each is parsed alone; when
 # the text does not account for every occurrence of "cpp_pybinding" in the
 # module (a call written any other way, a statement that does not parse on

@@ -28,7 +28,10 @@ from typing import Optional
 # was derived from (NOTE: [What an entry was derived from] in
 # torch/_dynamo/package_sources.py). 4: a recorded decision about a code says
 # whether it skips the code or runs only its cache entries (NOTE: [Frames Dynamo
-# skips] in torch/_dynamo/package.py).
+# skips] in torch/_dynamo/package.py), and an aot_compile'd function's code and
+# its closure's codes are recorded by package_sources.code_fingerprint, the
+# digest entries' records use (NOTE: [Finding a local function again] in
+# torch/_dynamo/aot_compile.py).
 PACKAGE_FORMAT_VERSION = 4
 
 MANIFEST = "manifest.json"

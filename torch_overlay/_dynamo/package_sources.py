@@ -62,8 +62,8 @@ log = logging.getLogger(__name__)
 # At load, an entry any of whose records differs from the live process is
 # dropped: one warning per package names each changed function (module,
 # qualname, file:lines) or config value, and says that its frames will
-# compile; the package's other entries load. With config.package_strict (or
-# upstream's strict_precompile) it is a PackageError naming the same. A record
+# compile; the package's other entries load. With config.strict_precompile
+# (NOTE: [One strict flag]) it is a PackageError naming the same. A record
 # that cannot be checked (no source to read, a function no longer found) drops
 # its entry too: a package never runs bytecode traced from other source.
 
@@ -113,7 +113,7 @@ def _const_token(value) -> bytes:
     if isinstance(value, tuple):
         return b"(" + b",".join(_const_token(v) for v in value) + b")"
     if isinstance(value, frozenset):
-        # Iteration order of a frozenset of str follows the process's hash seed.
+        # Iteration order of a frozenset of str follows the process's randomized str hashing.
         return b"{" + b",".join(sorted(_const_token(v) for v in value)) + b"}"
     return f"{type(value).__name__}:{value!r}".encode()
 

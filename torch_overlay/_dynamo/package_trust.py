@@ -23,6 +23,7 @@ fleet from shared storage. This module decides what of it may be read and how:
 * :func:`check_manifest_schema`: every manifest field's type and allowed values.
 * ``python -m torch._dynamo.package_trust sign|verify|inspect PATH`` (also
   ``python -m torch_overlay package ...``).
+"""
 
 # NOTE: [Trust model of compile packages]
 # Signed (package_trusted_keys set, package_require_signature on): the manifest's
@@ -37,7 +38,6 @@ fleet from shared storage. This module decides what of it may be read and how:
 # package is code: whoever can write an unsigned package can change its graph
 # code, its bytecode or its kernels, and that code runs. Only a signature
 # protects against a writer of the storage.
-"""
 
 from __future__ import annotations
 
@@ -204,9 +204,9 @@ def _ed25519():
 # implementation here. It is imported where a signature is made or checked (and
 # where a key pair is generated or a key file in another PEM form is read),
 # never at module import: loading an unsigned package, or saving without a key,
-# does not import it (tested). That import (~9-14 ms on a 2-core machine) is
-# most of what signing costs a process; a signature takes ~0.04 ms and a
-# verification ~0.09 ms (benchmarks/results/package_signing.md). A save pays
+# does not import it (tested). That import is most of what signing costs a
+# process; a signature or a verification is a small fraction of it (the
+# figures are in benchmarks/results/package_signing.md). A save pays
 # the import while the package's graph compiles (NOTE: [Signing keys are
 # prepared before the save]); a signed load pays it once per process.
 ED25519_KEY_BYTES = 32
@@ -247,7 +247,7 @@ def _read_key_file(path: str, what: str) -> bytes:
 
 # The DER of an Ed25519 key in its usual PEM forms (PKCS#8 private key,
 # SubjectPublicKeyInfo public key) is a fixed prefix and the 32 raw key bytes:
-# read directly, without importing cryptography's serialization (~20 ms).
+# read directly, without importing cryptography's serialization module.
 _PKCS8_ED25519_PREFIX = bytes.fromhex("302e020100300506032b657004220420")
 _SPKI_ED25519_PREFIX = bytes.fromhex("302a300506032b6570032100")
 
@@ -329,10 +329,10 @@ def key_fingerprint(public_raw: bytes) -> str:
 
 
 # NOTE: [Signing keys are prepared before the save]
-# Signing a manifest takes ~0.04 ms; making the key ready for it takes much
-# more, once per process: importing cryptography (~9-14 ms), then reading and
-# decoding the PEM file and making the key object (~0.7 ms), longer than saving
-# a small package. So the signer of a key file is kept (per
+# Signing a manifest is quick; making the key ready for it takes much more,
+# once per process: importing cryptography, then reading and decoding the PEM
+# file and making the key object, longer than saving a small package
+# (benchmarks/results/package_signing.md). So the signer of a key file is kept (per
 # path, re-read when the file's inode, size or mtime changes, so a rotated key is
 # used by the next save), and a compile that records a graph for a package
 # prepares config.package_signing_key's signer while it compiles (seconds),
@@ -838,7 +838,7 @@ def allowed_global(module: str, name: str):
     obj: Any
     module = {"__builtin__": "builtins", "copy_reg": "copyreg"}.get(module, module)
     if name.startswith("torch.") and not (module == "torch" or module.startswith("torch.")):
-        # NOTE: [Globals found through another module]
+        # See NOTE: [Globals found through another module]
         module, name = "torch", name[len("torch."):]
         obj = getattr(torch, name, None) if "." not in name else None
         return obj if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)) else None
@@ -1068,7 +1068,7 @@ def _describe_entry(fields) -> dict:
         "bytecode_bytes": len(out_code),
         "guards": guards,
         "globals": {str(k): str(v[:2])[:200] for k, v in globals_.items()},
-        # NOTE: [What an entry was derived from]
+        # See NOTE: [What an entry was derived from]
         "derived_from": [describe_record(r)[:300] for r in sources] if check_source_records(sources) else "malformed",
     }
 

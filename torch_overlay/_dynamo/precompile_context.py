@@ -17,6 +17,7 @@ cache if an earlier process saved one there, so the saved entries run without
 compiling. Each frame compiled under the package records its cache entry here
 (as upstream's ConvertFrameAssert does), and
 ``torch.compiler.save_cache_artifacts()`` writes every entry recorded.
+"""
 
 # NOTE: [Dynamo cache key]
 # A function's package lives under <inductor cache dir>/dynamo/<key>, the key
@@ -25,7 +26,6 @@ compiling. Each frame compiled under the package records its cache entry here
 # else could change (the code, torch, the machine) is checked by the package's
 # own manifest and guards at load: a package that no longer fits is reported
 # and ignored, and the function compiles.
-"""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 :func:`activate` installs :class:`OverlayFinder` at the front of ``sys.meta_path``.
 The finder answers only for an explicit allow-list of module names (the modules the
 series patches and the mirrored new modules) and bails out for everything else.
+"""
 
 # NOTE: [Serving patched modules under torch's own paths]
 # torch locates resources and decides what Dynamo may trace by FILE PATH:
@@ -14,7 +15,6 @@ series patches and the mirrored new modules) and bails out for everything else.
 # patched or mirrored text is registered in ``linecache`` under that path (mtime
 # None, so ``checkcache`` keeps it) and served by the loader's ``get_source``, so
 # tracebacks and ``inspect`` show the lines that actually run.
-"""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ fresh directory, the series is applied there with ``git apply`` one patch at a
 time, and the result is renamed into place atomically with a manifest recording
 the sha256 of every patched file. Loading verifies each file against the manifest;
 a damaged cache is rebuilt, never trusted.
+"""
 
 # NOTE: [Overlay cache layout]
 # <cache>/torch-<torch version>-<series hash[:16]>/
@@ -14,7 +15,6 @@ a damaged cache is rebuilt, never trusted.
 # The bytecode cache lives next to the patched sources (not in torch's tree), keyed
 # by the sha256 of the source it was compiled from, so a stale or foreign .pyc is
 # never executed.
-"""
 
 from __future__ import annotations
 

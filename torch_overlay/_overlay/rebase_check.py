@@ -22,6 +22,7 @@ release already has a module of that name (``torch_overlay/_dynamo/x.py`` is
 ``torch/_dynamo/x.py``): such a module must be merged with the release's, not added.
 The report is JSON (:meth:`RebaseReport.to_json`) and a short table
 (:meth:`RebaseReport.table`, :meth:`RebaseReport.markdown`).
+"""
 
 # NOTE: [Carrying the series by 3-way merge]
 # The series applies in order to the base release: B0 = the base's file, Bk = Bk-1 +
@@ -37,7 +38,6 @@ The report is JSON (:meth:`RebaseReport.to_json`) and a short table
 # The classification looks at Tk-1 itself first: `git apply --check` tells clean
 # (every hunk at its line) from offset (hunks moved), and a patch that git apply
 # refuses but the merge carries is an offset too (its context changed).
-"""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ commits (a new commit is a new patch; ``git commit --amend`` or an interactive
 rebase changes an existing one). ``refresh`` turns ``overlay-base..HEAD`` back into
 the series with ``git format-patch``: this is quilt's push / refresh cycle with git
 doing the work.
+"""
 
 # NOTE: [Stable patch files]
 # refresh must be idempotent, so the patches are written with --zero-commit (no
@@ -14,7 +15,6 @@ doing the work.
 # --no-numbered (the subject does not change when the series grows); the author
 # date survives git am. Files are named after the subject as format-patch does,
 # minus its "NNNN-" counter, so reordering the series renames nothing.
-"""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ build it instead of failing with a bare ModuleNotFoundError.
 Importing it raises ``torch_overlay.ExtensionNotBuiltError`` (an ImportError)
 when the extension is missing or was built for another torch, and leaves
 ``serialize`` / ``deserialize`` in place that raise the same error when called.
+"""
 
 # NOTE: [Building the interpreter serialization extension]
 # The extension is built once, from torch_overlay/csrc/ (the upstream C++) and
@@ -21,7 +22,6 @@ when the extension is missing or was built for another torch, and leaves
 # patched wheel carries the built file. It is never built on import: a build
 # needs a C++ compiler and ninja, and an import that silently compiles for tens of
 # seconds (or fails to) is worse than one that fails at once and names the fix.
-"""
 
 from __future__ import annotations
 
