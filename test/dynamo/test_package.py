@@ -144,6 +144,15 @@ CASES = {
             torch.manual_seed(0)
             return Experts(), [(torch.randn(2, 3, 4),)], dict(backend=BACKEND)
     """,
+    "numpy_call": """
+        import numpy as np
+        import torch
+        def f(x, n):
+            return x * np.sqrt(n) + x.shape[0]
+        def make():
+            torch.manual_seed(0)
+            return f, [(torch.randn(4), 8), (torch.randn(6), 9)], dict(backend=BACKEND, dynamic=True)
+    """,
     "graph_breaks": """
         import torch
         def f(x):
@@ -547,6 +556,14 @@ class TestPackage(PackageTestCase):
         report = self.save_and_load("graph_break_in_an_inlined_method", "eager")
         self.assertGreaterEqual(report["saved_entries"], 2)
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
+
+    @parametrize("backend", ["eager", "aot_eager"])
+    def test_numpy_call_in_graph(self, backend):
+        # Dynamo traces np.sqrt as its wrapper of torch._numpy's sqrt; the graph
+        # saves it by that function's name (a fresh process has not imported
+        # torch._numpy).
+        report = self.save_and_load("numpy_call", backend)
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 2)
 
     def test_graph_break_in_a_closure(self):
         report = self.save_and_load("closure_graph_break", "eager")
@@ -1590,6 +1607,15 @@ class TestBytecodeConstants(torch._dynamo.test_case.TestCase):
             with self.subTest(what):
                 with self.assertRaisesRegex(PackageError, "attribute that is not a public one|may not call"):
                     _fx_graph_from_data(damaged, "g")
+        numpy_calls = {
+            "a function outside torch._numpy": ("numpy", "os", "system"),
+            "NumPy's own": ("numpy", "numpy", "sqrt"),
+            "an unsafe name": ("numpy", "torch._numpy", "load"),
+        }
+        for what, target in numpy_calls.items():
+            with self.subTest(what):
+                with self.assertRaisesRegex(PackageError, "not a function a packaged graph may call"):
+                    _fx_graph_from_data(with_node(1, "call_function", target, ("tuple", (("node", "x"),))), "g")
         # Saving never writes such a graph as data.
         graph = torch.fx.Graph()
         x = graph.placeholder("x")

@@ -1386,7 +1386,10 @@ def graph_for_bytecode(graph: Callable[..., Any]) -> Callable[..., Any]:
 # (Dynamo emits it for properties such as ``weight.T``) is saved only with a
 # constant public name, and ``call_method`` only with a name that is not a
 # dunder: a graph value's ``__class__`` or ``__globals__`` would lead out of the
-# graph to any function, which the allow-list exists to refuse.
+# graph to any function, which the allow-list exists to refuse. A NumPy call
+# Dynamo traced (``np.sqrt(d_model)`` in CTRL) is a call of its wrapper of the
+# torch._numpy twin of that function: saved as ("numpy", module, qualname) and
+# wrapped again at load, only for a function of torch._numpy.
 _GRAPH_TARGET_MODULES = ("torch", "operator", "_operator", "math", "builtins")
 _UNSAFE_TARGETS = frozenset(
     {"eval", "exec", "compile", "open", "__import__", "getattr", "setattr", "delattr",
@@ -1399,6 +1402,45 @@ class _NotGraphData(Exception):
 
 
 _ATTRIBUTE_READ = ("builtins", "getattr")
+# The tag of a call of a NumPy function Dynamo traced (torch._dynamo.utils.
+# numpy_to_tensor_wrapper of its torch._numpy twin): ("numpy", module, qualname).
+_NUMPY_CALL = "numpy"
+_NUMPY_TWIN_MODULE = "torch._numpy"
+
+
+def _numpy_call_target(target) -> Optional[tuple[str, str, str]]:
+    """``target`` as (_NUMPY_CALL, module, qualname) when it is Dynamo's
+    wrapper of a torch._numpy function found again by name; else None."""
+    from torch._dynamo.utils import numpy_to_tensor_wrapper
+
+    if type(target) is not numpy_to_tensor_wrapper:
+        return None
+    fn = target.f
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not (isinstance(module, str) and isinstance(qualname, str)):
+        return None
+    if not (module == _NUMPY_TWIN_MODULE or module.startswith(_NUMPY_TWIN_MODULE + ".")):
+        return None
+    if _namespace_lookup(module, qualname) is not fn:
+        return None
+    return (_NUMPY_CALL, module, qualname)
+
+
+def _numpy_call_from(target: tuple) -> Any:
+    """Dynamo's wrapper of the torch._numpy function ``target`` names, or None."""
+    from torch._dynamo.utils import numpy_to_tensor_wrapper
+
+    _, module, qualname = target
+    if not (module == _NUMPY_TWIN_MODULE or module.startswith(_NUMPY_TWIN_MODULE + ".")):
+        return None
+    if set(qualname.split(".")) & _UNSAFE_TARGETS:
+        return None
+    # torch's own NumPy twin, imported by Dynamo only once it traces NumPy: a
+    # fixed module, so a package names what is looked up in it, never what is imported.
+    import torch._numpy  # noqa: F401
+
+    fn = _namespace_lookup(module, qualname)
+    return numpy_to_tensor_wrapper(fn) if callable(fn) and not isinstance(fn, type) else None
 
 
 def _public_attribute_read(args, kwargs) -> bool:
@@ -1453,7 +1495,10 @@ def _fx_graph_as_data(gm) -> Optional[dict]:
     try:
         for node in gm.graph.nodes:
             target = node.target
-            if node.op == "call_function" and target is getattr:
+            numpy_call = _numpy_call_target(target) if node.op == "call_function" else None
+            if numpy_call is not None:
+                target = numpy_call
+            elif node.op == "call_function" and target is getattr:
                 if not _public_attribute_read(node.args, node.kwargs):
                     return None
                 target = _ATTRIBUTE_READ
@@ -1539,16 +1584,22 @@ def _fx_graph_from_data(data, name: str) -> torch.fx.GraphModule:
             raise PackageError(f"{where}: a node is malformed")
         op, node_name, target, args, kwargs = node
         if op == "call_function":
-            if not (isinstance(target, tuple) and len(target) == 2 and all(isinstance(t, str) for t in target)):
+            if not (
+                isinstance(target, tuple)
+                and (len(target) == 2 or (len(target) == 3 and target[0] == _NUMPY_CALL))
+                and all(isinstance(t, str) for t in target)
+            ):
                 raise PackageError(f"{where}: node {node_name} has a malformed target")
             if target == _ATTRIBUTE_READ:
                 # Checked below, with its arguments.
                 fn: Any = getattr
+            elif len(target) == 3:
+                fn = _numpy_call_from(target)
             else:
                 fn = _namespace_lookup(*target) if _target_module_allowed(*target) else None
             if fn is None or not callable(fn):
                 raise PackageError(
-                    f"{where}: node {node_name} calls {target[0][:80]}.{target[1][:80]}, which is "
+                    f"{where}: node {node_name} calls {target[-2][:80]}.{target[-1][:80]}, which is "
                     "not a function a packaged graph may call"
                 )
             target = fn
