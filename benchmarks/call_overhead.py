@@ -82,7 +82,7 @@ VARIANT_TITLES = {
 LAYERS = ("wrapper_py", "frame", "guard", "aot_autograd", "output_code", "wrapper", "kernels")
 LAYER_TITLES = {
     "wrapper_py": "torch.compile's Python wrapper",
-    "frame": "frame callback + cache lookup (package: its route)",
+    "frame": "frame callback + cache lookup",
     "guard": "guard check",
     "aot_autograd": "AOTAutograd wrappers",
     "output_code": "CompiledFxGraph.__call__",
@@ -334,12 +334,6 @@ def time_blocks(fn, make_call, calls, repeats, fresh_calls, enter=None, leave=No
 # wrapper = current_callable - kernels. For an aot_compile function there is no
 # frame callback or guard: what lies above the CompiledFxGraph (the loaded
 # function's own wrapper and AOTAutograd) is all "AOTAutograd wrappers".
-# A loaded package's module calls its loaded entries without the frame hook
-# (NOTE: [A loaded package's module calls its entries without the frame hook]
-# in torch/_dynamo/package.py): no callback is installed, so there is no
-# "hooked" timing and its frame layer is all of the call above the guard check
-# and compiled_fn: the compiled module's nn.Module.__call__, the route's checks
-# and binding and the cache list it reads.
 # Graph breaks would put resume functions outside the eager trace: the number
 # of compiled frames is reported, and every row measured here has one.
 
