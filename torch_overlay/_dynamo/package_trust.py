@@ -1056,7 +1056,7 @@ def _describe_entry(fields) -> dict:
 
     from torch._dynamo.package_sources import check_source_records, describe_record
 
-    code_key, out_code, guards_state, global_module, globals_, sources = fields
+    code_key, out_code, guards_state, global_module, globals_, sources, frame_action = fields
     guards: list[str] = []
     if guards_state:
         state = load_guards_state(guards_state)
@@ -1070,6 +1070,9 @@ def _describe_entry(fields) -> dict:
         "globals": {str(k): str(v[:2])[:200] for k, v in globals_.items()},
         # See NOTE: [What an entry was derived from]
         "derived_from": [describe_record(r)[:300] for r in sources] if check_source_records(sources) else "malformed",
+        # A recorded decision about the code, not a compiled entry (NOTE: [Frames
+        # Dynamo skips] in torch/_dynamo/package.py).
+        **({"frame_action": str(frame_action)[:40]} if frame_action else {}),
     }
 
 
