@@ -17,7 +17,7 @@ DIFF_ARGS ?=
 
 
 .PHONY: agree-overlay-wheel
-.PHONY: venv ext lint test test-overlay test-wheel wheel wheel-venv export export-check export-check-imports status edit refresh clean demo bench-guards bench-load bench-load-serving bench-calls bench-signing fuzz
+.PHONY: venv ext lint test test-overlay test-wheel wheel wheel-venv export export-check export-check-imports status edit refresh clean demo bench-guards bench-load bench-load-serving bench-transformers-first-token bench-calls bench-signing fuzz
 .PHONY: valgrind bench-call-instructions check-call-instructions
 
 # Other supported bases (a series in patches/v<BASE>/series; the overlay picks the
@@ -261,6 +261,13 @@ bench-load: venv upstream-venv
 # (NOTE: [Serving row] in benchmarks/load_time.py).
 bench-load-serving: venv upstream-venv
 	$(PY) benchmarks/load_time.py --serving $(BENCH_ARGS)
+
+# Spawn to the first generated token of Inductor package loads against eager,
+# over a sample of the transformers sweep's architectures (NOTE: [First-token
+# processes] in benchmarks/transformers_first_token.py); BENCH_ARGS takes
+# --archs, --rounds, --out.
+bench-transformers-first-token: venv
+	TORCH_OVERLAY=1 $(PY) benchmarks/transformers_first_token.py $(BENCH_ARGS)
 
 # Per-call overhead of eager, torch.compile, a loaded package and a loaded
 # aot_compile function, beside upstream 2.13 (benchmarks/call_overhead.py).
