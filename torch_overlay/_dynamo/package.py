@@ -1930,14 +1930,14 @@ class CompilePackage:
         holders = [fn]
         module = self._compiled_module()
         if module is not None:
-            holders += [type(m).forward for m in module.modules()]
-            names |= {type(m).__module__ for m in module.modules()}
-            names |= {
-                value.__module__
-                for m in module.modules()
-                for value in vars(m).values()
-                if isinstance(value, types.FunctionType) and isinstance(value.__module__, str)
-            }
+            for m in module.modules():
+                holders.append(type(m).forward)
+                names.add(type(m).__module__)
+                names |= {
+                    value.__module__
+                    for value in vars(m).values()
+                    if isinstance(value, types.FunctionType) and isinstance(value.__module__, str)
+                }
         seen_globals: set[int] = set()
         for holder in holders:
             holder = getattr(holder, "__func__", holder)

@@ -1408,6 +1408,13 @@ _NUMPY_CALL = "numpy"
 _NUMPY_TWIN_MODULE = "torch._numpy"
 
 
+def _numpy_twin_name_allowed(module: str, qualname: str) -> bool:
+    """Whether ``module.qualname`` may name a NumPy call's torch._numpy twin."""
+    return (module == _NUMPY_TWIN_MODULE or module.startswith(_NUMPY_TWIN_MODULE + ".")) and not (
+        set(qualname.split(".")) & _UNSAFE_TARGETS
+    )
+
+
 def _numpy_call_target(target) -> Optional[tuple[str, str, str]]:
     """``target`` as (_NUMPY_CALL, module, qualname) when it is Dynamo's
     wrapper of a torch._numpy function found again by name; else None."""
@@ -1419,9 +1426,7 @@ def _numpy_call_target(target) -> Optional[tuple[str, str, str]]:
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     if not (isinstance(module, str) and isinstance(qualname, str)):
         return None
-    if not (module == _NUMPY_TWIN_MODULE or module.startswith(_NUMPY_TWIN_MODULE + ".")):
-        return None
-    if _namespace_lookup(module, qualname) is not fn:
+    if not _numpy_twin_name_allowed(module, qualname) or _namespace_lookup(module, qualname) is not fn:
         return None
     return (_NUMPY_CALL, module, qualname)
 
@@ -1431,9 +1436,7 @@ def _numpy_call_from(target: tuple) -> Any:
     from torch._dynamo.utils import numpy_to_tensor_wrapper
 
     _, module, qualname = target
-    if not (module == _NUMPY_TWIN_MODULE or module.startswith(_NUMPY_TWIN_MODULE + ".")):
-        return None
-    if set(qualname.split(".")) & _UNSAFE_TARGETS:
+    if not _numpy_twin_name_allowed(module, qualname):
         return None
     # torch's own NumPy twin, imported by Dynamo only once it traces NumPy: a
     # fixed module, so a package names what is looked up in it, never what is imported.
