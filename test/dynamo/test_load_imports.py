@@ -131,12 +131,13 @@ def make_sequential():
 
 
 # What a package of each kind compiles: a user's module, a plain function, a
-# torch nn module.
+# torch nn module, the user's module with dynamic shapes.
 def package_target(kind):
     return {
         "package": make,
         "function-package": lambda: scaled_relu,
         "torch-module-package": make_sequential,
+        "dynamic-package": make,
     }[kind]()
 """
 
@@ -150,7 +151,9 @@ x = torch.randn(4, 16)
 with torch.no_grad():
     if sys.argv[1].endswith("package"):
         target = load_imports_model.package_target(sys.argv[1])
-        compiled = torch.compile(target, package=sys.argv[2])
+        compiled = torch.compile(
+            target, package=sys.argv[2], dynamic=sys.argv[1].startswith("dynamic")
+        )
         compiled(x)
         compiled.save_package()
     else:
@@ -188,15 +191,18 @@ package_messages = KeepMessages()
 logging.getLogger("torch._dynamo.package").addHandler(package_messages)
 logging.getLogger("torch._dynamo.package").setLevel(logging.INFO)
 compile_only = json.loads(sys.argv[3])
+dynamic = sys.argv[1].startswith("dynamic")
 model = load_imports_model.make()
-x = torch.randn(4, 16)
+# A dynamic package is called at a batch size its save never saw: its entry's
+# shape-env guards decide.
+x = torch.randn(9 if dynamic else 4, 16)
 report = {}
 with torch.no_grad():
     expected = model(x)
     if sys.argv[1].endswith("package"):
         model = load_imports_model.package_target(sys.argv[1])
         expected = model(x)
-        compiled = torch.compile(model, package=sys.argv[2])
+        compiled = torch.compile(model, package=sys.argv[2], dynamic=dynamic)
         compiled.load_package()
         with torch.compiler.set_stance("fail_on_recompile"):
             out = compiled(x)
@@ -211,8 +217,9 @@ with torch.no_grad():
     report["load_messages"] = [
         m for m in package_messages.messages if m.startswith("loaded package")
     ]
-    # A call the loaded guards reject (another batch size) compiles here.
-    y = torch.randn(7, 16)
+    # A call the loaded guards reject (another batch size; for dynamic shapes,
+    # a batch of 1, which they specialize) compiles here.
+    y = torch.randn(1 if dynamic else 7, 16)
     report["miss_same"] = torch.allclose(compiled(y), model(y))
     report["frames_compiled"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
 report["imported_after_miss"] = [m for m in compile_only if m in sys.modules]
@@ -357,6 +364,29 @@ report = {
     "out": out.tolist(),
     "frames": counter.frame_count,
 }
+# Imported last: what this process imported is what it reports.
+from torch.testing._internal.fresh_process import write_report
+write_report(report)
+"""
+
+
+SHAPE_GUARD_NAMES = """
+import sys
+import torch
+import torch._dynamo
+from torch._dynamo import guards
+
+SHAPE_MODULE = "torch.fx.experimental.symbolic_shapes"
+report = {}
+names = guards._shape_guard_closure_vars(["2 <= L['x'].size()[0]", "math.log2(L['x'].size()[1]) > 1"])
+report["plain"] = {"imported": SHAPE_MODULE in sys.modules, "names": sorted(names)}
+names = guards._shape_guard_closure_vars(["IsNonOverlappingAndDenseIndicator(3, 1, L['x'].stride()[0], 1) == 1"])
+report["helper"] = {"imported": SHAPE_MODULE in sys.modules, "names": sorted(names)}
+from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+
+report["sympy_interp"] = sorted(SYMPY_INTERP)
+report["sympy_interp_beyond_modules"] = sorted(set(SYMPY_INTERP) - {"math", "torch"})
+report["helpers"] = sorted(guards._SYMBOLIC_SHAPES_GUARD_HELPERS)
 # Imported last: what this process imported is what it reports.
 from torch.testing._internal.fresh_process import write_report
 write_report(report)
@@ -535,6 +565,24 @@ class TestLoadImports(torch._dynamo.test_case.TestCase):
         # torch.compile(nn.Sequential(...)) checks the function wrap_inline
         # wraps it in without building the rule map either.
         self.check_loads_only_the_runtime("torch-module-package")
+
+    def test_package_with_dynamic_shapes_imports_only_the_runtime(self):
+        # Its shape-env guards are code that compares sizes with ints: they
+        # build without symbolic_shapes and sympy (_shape_guard_closure_vars in
+        # torch/_dynamo/guards.py).
+        self.check_loads_only_the_runtime("dynamic-package")
+
+    def test_shape_guard_code_imports_symbolic_shapes_only_for_its_helpers(self):
+        report = self.run_fresh(SHAPE_GUARD_NAMES)
+        # What the loaded code may call is SYMPY_INTERP, whichever way it is made.
+        self.assertEqual(report["helpers"], report["sympy_interp_beyond_modules"])
+        self.assertEqual(
+            report["plain"], {"imported": False, "names": ["math", "torch"]}
+        )
+        self.assertEqual(
+            report["helper"],
+            {"imported": True, "names": sorted(report["sympy_interp"])},
+        )
 
     def test_python_functions_in_the_rule_map_are_torch_functions(self):
         # What the lookup without the map relies on: every Python function key
