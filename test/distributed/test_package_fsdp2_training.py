@@ -19,14 +19,18 @@ CompiledFunction, whose backward is Inductor's), and the fresh job compiles
 nothing: no Dynamo trace, no AOTAutograd, no Inductor compile or cache lookup.
 
 NOTE: [One package serves every rank under FSDP2]
-The per-block graphs hold no rank: FSDP2's hooks run outside the compiled frame
-(fully_shard hooks the OptimizedModule, whose eager ``__call__`` runs them), and
-inside it the parameters are the unsharded plain tensors, whose shapes are the
-same on every rank. On CPU the packages of two ranks differ only in the names
-of their graph artifacts and the compile times AOTAutograd records; guards,
-bytecode, compiled forward and backward and kernels are equal byte for byte, so
-the 2-rank test has every rank of the fresh job load rank 0's packages. (On CUDA
-the device index is in the guards and the generated code: save per rank.)
+The per-block graphs hold nothing of a rank. FSDP2's hooks run outside the
+compiled frame (fully_shard hooks the OptimizedModule, whose eager __call__ runs
+them before and after the frame), so no collective and no process group is in a
+graph; inside the frame the parameters are the unsharded plain tensors, whose
+shapes are the same on every rank. The packages of two ranks hold the same
+frames, bytecode and guards (sources, types, the sizes and strides of the
+unsharded parameters, global state); they differ only in what no guard checks:
+the names of their graph artifacts, the compile times AOTAutograd records, and
+process-wide counters (hook handle ids) in the snapshot of the frame's locals
+that the guards are rebuilt from. So on CPU every rank may load rank 0's
+packages, as the 2-rank test's fresh job does. (On CUDA the device index is in
+the guards and the generated code: save per rank. Not tested here.)
 """
 
 import contextlib
@@ -174,7 +178,8 @@ def _worker_train(args: dict) -> dict:
         result["left_out"] = [list(block._compile_package()._unsaveable) for block in model.layers]
         # Eager FSDP2 on the same data: the compiled blocks train as eager ones.
         eager_losses = _train(_sharded_model(compiled=False), rank)
-        torch.testing.assert_close(losses, eager_losses, rtol=1e-4, atol=1e-5)
+        # (Inductor's fused GELU rounds differently: 4e-5 apart after 20 steps.)
+        torch.testing.assert_close(losses, eager_losses, rtol=1e-3, atol=1e-4)
     shards = {name: p.detach().to_local().clone() for name, p in model.named_parameters()}
     torch.save({"losses": losses, "shards": shards}, args["result_file"])
     dist.barrier()
@@ -294,8 +299,8 @@ class TestPackageFSDP2Training(torch._dynamo.test_case.TestCase):
             for rank in range(world_size):
                 contents = _package_contents(prefix / f"rank{rank}" / f"block{block}")
                 where = f"rank {rank} block {block}"
-                self.assertGreaterEqual(len(contents["entries"]), 1, where)
-                self.assertGreaterEqual(len(contents["graphs"]), 1, where)
+                self.assertEqual(len(contents["entries"]), 1, where)
+                self.assertEqual(len(contents["graphs"]), 1, where)
                 self.assertGreaterEqual(len(contents["kernels"]), 1, where)
                 for backend, fw, bw in contents["graphs"]:
                     self.assertEqual(backend, "inductor", where)
@@ -318,9 +323,12 @@ class TestPackageFSDP2Training(torch._dynamo.test_case.TestCase):
         saved = _run_ranks("save", self.workdir, world_size, prefix=str(prefix))
         for r in saved:
             self.assertEqual(r["left_out"], [[]] * BLOCKS, r)
-            # Compiled for real: graphs traced, AOTAutograd and Inductor ran.
-            self.assertGreaterEqual(r["traced_graphs"], 1, r)
-            self.assertGreaterEqual(r["aot_autograd"].get("autograd_cache_saved", 0), 1, r)
+            # Compiled for real: two graphs traced, each through AOTAutograd and
+            # Inductor. Block 0's input needs no grad, the others' does: blocks
+            # 1 and 2 share one graph (the first compiles it; the package of
+            # block 2 holds it too: NOTE: [Entries a package's model uses]).
+            self.assertEqual(r["traced_graphs"], 2, r)
+            self.assertEqual(r["aot_autograd"].get("autograd_cache_saved"), 2, r)
             self.assertEqual(r["grad_fns"], [["CompiledFunctionBackward"]] * BLOCKS, r)
         self._check_packages(prefix, world_size)
 
@@ -329,7 +337,7 @@ class TestPackageFSDP2Training(torch._dynamo.test_case.TestCase):
             "load", self.workdir, world_size, prefix=str(prefix), load_from_rank0=load_from_rank0
         )
         for r in loaded:
-            self.assertTrue(all(n >= 1 for n in r["loaded_entries"]), r)
+            self.assertEqual(r["loaded_entries"], [1] * BLOCKS, r)
             # Nothing compiled; forward and backward of every block ran compiled code.
             self.assertEqual(r["traced_graphs"], 0, r)
             self.assertEqual(r["aot_autograd"], {}, r)
