@@ -1015,6 +1015,36 @@ class TestPackageFormat(PackageTestCase):
         self.assertIn("may only hold builtin containers", self.load_error())
 
     @parametrize(
+        "frame_action",
+        [
+            "skip",  # a decision where the entry has compiled code
+            "run_only",
+            "compile_everything",  # no such decision
+            None,
+            ("skip",),
+        ],
+    )
+    def test_malformed_frame_action_is_refused(self, frame_action):
+        # An entry with compiled code carries no frame decision ("" only); a
+        # package that says otherwise was not written by a save and is refused
+        # before anything of it runs.
+        import hashlib
+        import pickle
+
+        dynamo_bin = self.package / "dynamo.bin"
+        entries = pickle.loads(dynamo_bin.read_bytes())
+        self.assertGreaterEqual(len(entries), 1)
+        self.assertTrue(entries[0][1], "the first entry has compiled code")
+        self.assertEqual(entries[0][-1], "")
+        entries[0] = (*entries[0][:-1], frame_action)
+        data = pickle.dumps(entries)
+        dynamo_bin.write_bytes(data)
+        manifest = json.loads((self.package / "manifest.json").read_text())
+        manifest["files"]["dynamo.bin"] = hashlib.sha256(data).hexdigest()
+        (self.package / "manifest.json").write_text(json.dumps(manifest))
+        self.assertIn("dynamo.bin entry 0: field frame_action is malformed", self.load_error())
+
+    @parametrize(
         "field,value",
         [
             ("format_version", 99),
