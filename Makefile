@@ -223,7 +223,8 @@ upstream-venv: $(UPSTREAM_STAMP)
 
 diff-upstream: venv wheel-venv upstream-venv
 	$(PY) $(BEHAVIOUR_DIFF) --out $(DIFF_DIR) \
-		$(if $(wildcard $(CONFORMANCE_REPORT)),--conformance $(CONFORMANCE_REPORT)) $(DIFF_ARGS)
+		$(if $(wildcard $(CONFORMANCE_REPORT)),--conformance $(CONFORMANCE_REPORT)) \
+		$(if $(wildcard $(SWEEP_OUT)/results_vs_upstream.json),--sweep $(SWEEP_OUT)/results_vs_upstream.json) $(DIFF_ARGS)
 
 # Upstream conformance (tools/upstream_conformance/run_conformance.py): torch 2.13's
 # own precompile test files (../shared/upstream-tests/2.13, run UNCHANGED, never

@@ -64,5 +64,61 @@ class TestTransformersSweepSample(TestCase):
                     self.assertEqual(case["left_out"], [])
 
 
+def _run(result, error=""):
+    case = {"result": result}
+    if error:
+        case["error"] = {"stage": "decode under fail_on_recompile", "type": "RuntimeError", "message": error}
+    return case
+
+
+@unittest.skipUnless(HAS_OVERLAY, "the sweep's tooling is on the overlay's path")
+class TestSweepComparison(TestCase):
+    """What make transformers-sweep-compare writes, and the behaviour diff shows."""
+
+    def test_comparison_lists_each_side_failing_where_the_other_passes(self):
+        versions = {"transformers": "4.52.4", "spellings": ["a", "c"]}
+        ours = {**versions, "env": "overlay", "torch": "2.7.1", "backend": "aot_eager", "cases": {
+            "gpt2": {"a": _run("pass"), "c": _run("recompiles", "L['x'] changed")},
+            "bamba": {"a": _run("eager-fails", "no past_key_values"), "c": _run("pass")},
+            "opt": {"a": _run("pass")},
+        }}
+        upstream = {**versions, "env": "upstream", "torch": "2.13.0", "backend": "inductor", "cases": {
+            "gpt2": {"a": _run("crash-load", "no such graph"), "c": _run("pass")},
+            "bamba": {"a": _run("pass"), "c": _run("pass")},
+        }}
+        with tempfile.TemporaryDirectory(prefix="sweep-compare-") as tmp:
+            for name, results in (("ours", ours), ("upstream", upstream)):
+                (Path(tmp) / name).mkdir()
+                (Path(tmp) / name / "results.json").write_text(json.dumps(results))
+            subprocess.run(
+                [sys.executable, str(SWEEP), "--compare", f"{tmp}/ours", f"{tmp}/upstream", "--out", tmp],
+                check=True, cwd=REPO,
+            )
+            comparison = json.loads((Path(tmp) / "results_vs_upstream.json").read_text())
+            markdown = (Path(tmp) / "results_vs_upstream.md").read_text()
+        # An eager failure, or a case one side did not run, is in neither list.
+        self.assertEqual(
+            [(c["arch"], c["spelling"], c["result"]) for c in comparison["upstream_fails_where_ours_passes"]],
+            [("gpt2", "a", "crash-load")],
+        )
+        self.assertEqual(
+            [(c["arch"], c["spelling"], c["result"]) for c in comparison["ours_fails_where_upstream_passes"]],
+            [("gpt2", "c", "recompiles")],
+        )
+        self.assertEqual(comparison["rows"]["opt"], {"a": ["pass", ""], "c": ["", ""]})
+        self.assertIn("| gpt2 | pass / crash-load | recompiles / pass |", markdown)
+
+        sys.path.insert(0, str(REPO / "tools" / "behaviour_diff"))
+        try:
+            import diff_upstream
+        finally:
+            sys.path.pop(0)
+        section = "\n".join(diff_upstream.render_sweep({"sweep": comparison}))
+        self.assertIn("| a | 2 | 1 | 1 |", section)  # gpt2 and bamba ran a on both sides
+        self.assertIn("| c | 2 | 1 | 2 |", section)
+        self.assertIn("2.13 fails where we pass (1):\n\n- gpt2 / a: crash-load", section)
+        self.assertIn("We fail where 2.13 passes (1):\n\n- gpt2 / c: recompiles", section)
+
+
 if __name__ == "__main__":
     run_tests()

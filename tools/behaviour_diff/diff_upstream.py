@@ -1416,6 +1416,56 @@ def render_conformance(report: dict) -> list[str]:
     return lines
 
 
+# NOTE: [The transformers sweep in the behaviour diff]
+# --sweep names the results_vs_upstream.json that make transformers-sweep-compare
+# writes (tools/transformers_sweep/sweep.py compare_results: the same
+# architectures and spellings decoded from a package on the overlay and from
+# caching_precompile on 2.13). Its counts per spelling and the cases where one
+# side passes and the other does not become one section of this report. The
+# sweep runs for hours (the nightly workflow); this report only shows its last
+# comparison.
+
+
+def load_sweep(path: Optional[Path]) -> Optional[dict]:
+    if path is None:
+        return None
+    if not path.exists():
+        raise SystemExit(f"--sweep {path}: no such comparison (run make transformers-sweep-compare first)")
+    return json.loads(path.read_text())
+
+
+def render_sweep(report: dict) -> list[str]:
+    sweep = report.get("sweep")
+    if not sweep:
+        return []
+    ours, upstream = sweep["ours"], sweep["upstream"]
+    lines = [
+        "## The transformers sweep beside 2.13 (make transformers-sweep-compare)",
+        "",
+        f"Ours: torch {md(ours['torch'])}, {md(ours['backend'])}, packages. Upstream: torch "
+        f"{md(upstream['torch'])}, {md(upstream['backend'])}, caching_precompile; transformers "
+        f"{md(ours['transformers'])}. Cases passing per spelling (ours / upstream), of the cases both ran:",
+        "",
+        "| spelling | both ran | ours pass | upstream pass |",
+        "|---|---|---|---|",
+    ]
+    for spelling in sweep["spellings"]:
+        both = [row[spelling] for row in sweep["rows"].values() if spelling in row and all(row[spelling])]
+        lines.append(
+            f"| {md(spelling)} | {len(both)} | {sum(r[0] == 'pass' for r in both)} | "
+            f"{sum(r[1] == 'pass' for r in both)} |"
+        )
+    for title, key in (
+        ("2.13 fails where we pass", "upstream_fails_where_ours_passes"),
+        ("We fail where 2.13 passes", "ours_fails_where_upstream_passes"),
+    ):
+        cases = sweep[key]
+        lines += ["", f"{title} ({len(cases)}):", ""]
+        lines += [f"- {md(c['arch'])} / {md(c['spelling'])}: {md(c['result'])}: {md(c['error'])}" for c in cases]
+    lines.append("")
+    return lines
+
+
 REPORT_SECTIONS = (
     render_header,
     render_summary,
@@ -1423,6 +1473,7 @@ REPORT_SECTIONS = (
     render_disagreements,
     render_precompile,
     render_conformance,
+    render_sweep,
     render_guard_versus_upstream,
     render_probe_statuses,
     render_guard_type_coverage,
@@ -1495,6 +1546,13 @@ def make_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="report.json of make upstream-conformance to include (NOTE: [Upstream conformance in the behaviour diff])",
+    )
+    parser.add_argument(
+        "--sweep",
+        type=Path,
+        default=None,
+        help="results_vs_upstream.json of make transformers-sweep-compare to include "
+        "(NOTE: [The transformers sweep in the behaviour diff])",
     )
     parser.add_argument("--expected", type=Path, default=EXPECTED_DIFFERENCES)
     parser.add_argument("--precompile-expected", type=Path, default=PRECOMPILE_EXPECTED_DIFFERENCES)
@@ -1640,6 +1698,7 @@ def main(argv=None) -> int:
     report = build_report(args, environments, runs.infos, runs.tests, runs.probes, started)
     add_precompile_report(report, args, runs.precompile)
     report["conformance"] = load_conformance(args.conformance)
+    report["sweep"] = load_sweep(args.sweep)
     (args.out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     (args.out / "report.md").write_text(render_markdown(report))
     print(f"report: {args.out / 'report.md'} ({report['seconds']} s)")

@@ -328,17 +328,51 @@ def write_results(out_dir: Path, results: dict[str, Any]) -> None:
 
 
 COMPARISON_MD = "results_vs_upstream.md"
+COMPARISON_JSON = "results_vs_upstream.json"
 # Results that decode from the package as eager does; the rest fail the case.
 _PASSING = ("pass",)
 
 
+def compare_results(ours: dict[str, Any], upstream: dict[str, Any]) -> dict[str, Any]:
+    """The overlay's and upstream 2.13's results of the same cases: per case
+    both results, and the cases where one side passes and the other does not
+    (a case one side did not run, or that fails eagerly, is in neither list)."""
+    spellings = [s for s in SPELLINGS if s in ours["spellings"] or s in upstream["spellings"]]
+    rows: dict[str, dict[str, list[str]]] = {}
+    ahead: list[dict[str, str]] = []
+    behind: list[dict[str, str]] = []
+    arch_ids = list(ours["cases"]) + [a for a in upstream["cases"] if a not in ours["cases"]]
+    for arch_id in arch_ids:
+        rows[arch_id] = {}
+        for s in spellings:
+            mine = ours["cases"].get(arch_id, {}).get(s)
+            theirs = upstream["cases"].get(arch_id, {}).get(s)
+            rows[arch_id][s] = [mine["result"] if mine else "", theirs["result"] if theirs else ""]
+            if mine is None or theirs is None or "eager-fails" in (mine["result"], theirs["result"]):
+                continue
+            if mine["result"] in _PASSING and theirs["result"] not in _PASSING:
+                ahead.append({"arch": arch_id, "spelling": s, "result": _cell(theirs),
+                              "error": _error_text(theirs.get("error"))[:300]})
+            elif theirs["result"] in _PASSING and mine["result"] not in _PASSING:
+                behind.append({"arch": arch_id, "spelling": s, "result": _cell(mine),
+                               "error": _error_text(mine.get("error"))[:300]})
+    return {
+        "ours": {k: ours[k] for k in ("env", "torch", "transformers", "backend")},
+        "upstream": {k: upstream[k] for k in ("env", "torch", "transformers", "backend")},
+        "spellings": spellings,
+        "rows": rows,
+        "upstream_fails_where_ours_passes": ahead,
+        "ours_fails_where_upstream_passes": behind,
+    }
+
+
 def write_comparison(out_dir: Path, ours_dir: Path, upstream_dir: Path) -> None:
-    """``out_dir``/results_vs_upstream.md: the overlay's and upstream 2.13's
-    results of the same cases side by side, and where one passes and the other
-    does not (a case one of them did not run is left out of both lists)."""
+    """``out_dir``/results_vs_upstream.md and .json: compare_results of the two
+    runs' directories (the behaviour diff reads the json: make diff-upstream)."""
     ours = json.loads((ours_dir / RESULTS_JSON).read_text())
     upstream = json.loads((upstream_dir / RESULTS_JSON).read_text())
-    spellings = [s for s in SPELLINGS if s in ours["spellings"] or s in upstream["spellings"]]
+    comparison = compare_results(ours, upstream)
+    spellings = comparison["spellings"]
     lines = [
         "# transformers sweep: the overlay beside upstream",
         "",
@@ -351,26 +385,18 @@ def write_comparison(out_dir: Path, ours_dir: Path, upstream_dir: Path) -> None:
         "| architecture | " + " | ".join(spellings) + " |",
         "|---|" + "---|" * len(spellings),
     ]
-    ahead, behind = [], []
-    arch_ids = list(ours["cases"]) + [a for a in upstream["cases"] if a not in ours["cases"]]
-    for arch_id in arch_ids:
-        cells = []
-        for s in spellings:
-            mine = ours["cases"].get(arch_id, {}).get(s)
-            theirs = upstream["cases"].get(arch_id, {}).get(s)
-            cells.append(f"{mine['result'] if mine else ''} / {theirs['result'] if theirs else ''}")
-            if mine is None or theirs is None or "eager-fails" in (mine["result"], theirs["result"]):
-                continue
-            if mine["result"] in _PASSING and theirs["result"] not in _PASSING:
-                ahead.append(f"- {arch_id} / {s}: upstream {_md_escape(_cell(theirs))}: "
-                             f"{_md_escape(_error_text(theirs.get('error'))[:300])}")
-            elif theirs["result"] in _PASSING and mine["result"] not in _PASSING:
-                behind.append(f"- {arch_id} / {s}: ours {_md_escape(_cell(mine))}: "
-                              f"{_md_escape(_error_text(mine.get('error'))[:300])}")
-        lines.append(f"| {arch_id} | " + " | ".join(cells) + " |")
-    lines += ["", f"## Upstream fails where the overlay passes ({len(ahead)})", "", *ahead]
-    lines += ["", f"## The overlay fails where upstream passes ({len(behind)})", "", *behind]
+    for arch_id, row in comparison["rows"].items():
+        lines.append(f"| {arch_id} | " + " | ".join(f"{row[s][0]} / {row[s][1]}" for s in spellings) + " |")
+    for title, key, side in (
+        ("Upstream fails where the overlay passes", "upstream_fails_where_ours_passes", "upstream"),
+        ("The overlay fails where upstream passes", "ours_fails_where_upstream_passes", "ours"),
+    ):
+        cases = comparison[key]
+        lines += ["", f"## {title} ({len(cases)})", ""]
+        lines += [f"- {c['arch']} / {c['spelling']}: {side} {_md_escape(c['result'])}: {_md_escape(c['error'])}"
+                  for c in cases]
     (out_dir / COMPARISON_MD).write_text("\n".join(lines) + "\n")
+    (out_dir / COMPARISON_JSON).write_text(json.dumps(comparison, indent=1))
 
 
 def write_eager_check(out_dir: Path, rows: dict[str, dict], env: str) -> None:
