@@ -8,15 +8,20 @@ collective and on the processes. A package is saved by one set of processes
 and loaded by a FRESH set with an empty TORCHINDUCTOR_CACHE_DIR under
 torch.compiler.set_stance("fail_on_recompile"); outputs and gradients are
 compared, on every rank, with the same model run eagerly under the same
-wrapper (DDP or fully_shard).
+wrapper (DDP or fully_shard). A DDP model compiled with Inductor trains from
+its package bitwise as it trained when it compiled (NOTE: [Bitwise-equal DDP
+training from a package]).
 """
 
 import contextlib
 import copy
 import datetime
 import faulthandler
+import gc
+import io
 import json
 import os
+import pickle
 import stat
 import sys
 import tempfile
@@ -126,6 +131,81 @@ def _worker_ddp(args: dict) -> dict:
     return result
 
 
+# NOTE: [Bitwise-equal DDP training from a package]
+# The Inductor DDP case trains TRAIN_STEPS steps of SGD twice, in fresh ranks
+# each time: once compiling cold (an empty Inductor cache), saving each rank's
+# package after the run, and once from that package under fail_on_recompile.
+# Same seeds, same batches, one OpenMP thread and the same compiled kernels
+# (the package's): every step's loss and the final parameters must be
+# bitwise equal (torch.equal), not merely close. The cold run writes its
+# losses and parameters next to the package for the loading run to compare.
+TRAIN_STEPS = 20
+
+
+def _train(model, rank: int) -> tuple[list[float], list[torch.Tensor]]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses = []
+    for step in range(TRAIN_STEPS):
+        opt.zero_grad(set_to_none=True)
+        loss = model(_batch(rank, step)).square().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().clone())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def _split_pieces(package) -> list:
+    """The pieces (_GraphRecords) of every DDPOptimizer split graph the package recorded."""
+    splits = {
+        id(record): record
+        for _, record in package.backend.records.values()
+        if record.backend == "custom:ddp_optimizer"
+    }
+    return [piece for record in splits.values() for piece, _ in record.compiled.pieces.values()]
+
+
+def _worker_ddp_train(args: dict) -> dict:
+    rank = _init_rank(args)
+    torch.manual_seed(0)
+    compiled = torch.compile(_wrap_ddp(_Net()), backend="inductor", package=PACKAGE)
+    prefix = os.path.join(args["prefix"], f"rank{rank}")
+    run = os.path.join(args["prefix"], f"cold_run_rank{rank}.pt")
+    result: dict = {"rank": rank}
+    if args["phase"] == "save":
+        losses, params = _train(compiled, rank)
+        package = compiled._compile_package()
+        pieces = _split_pieces(package)
+        result["pieces"] = len(pieces)
+        result["pieces_with_entries"] = sum(
+            p.backend == "inductor" and p.aot_entry is not None and p.aot_entry.compiled_bw is not None
+            for p in pieces
+        )
+        compiled.save_package(prefix=prefix)
+        result["left_out"] = list(package._unsaveable)
+        result["first_and_last_loss"] = [losses[0].item(), losses[-1].item()]
+        torch.save({"losses": losses, "params": params}, run)
+    else:
+        compiled.load_package(prefix=prefix)
+        with torch.compiler.set_stance("fail_on_recompile"):
+            losses, params = _train(compiled, rank)
+        cold = torch.load(run)
+        result["entries"] = len(compiled._compile_package()._loaded)
+        result["losses_equal"] = [torch.equal(a, b) for a, b in zip(losses, cold["losses"])]
+        result["params_equal"] = [torch.equal(a, b) for a, b in zip(params, cold["params"])]
+        # The steps ran the package's Inductor pieces (rebuilt at their first call).
+        from torch._dynamo.package import _DDPSplitPiece
+        from torch._dynamo.package_artifacts import _PackagedInductorGraph
+
+        result["pieces_run"] = sum(
+            isinstance(obj, _DDPSplitPiece)
+            and isinstance(obj.compiled, _PackagedInductorGraph)
+            and obj.compiled.compiled is not None
+            for obj in gc.get_objects()
+        )
+    dist.barrier()
+    return result
+
+
 def _worker_fsdp2(args: dict) -> dict:
     from torch.distributed.fsdp import fully_shard
 
@@ -201,7 +281,12 @@ def _worker_dtensor(args: dict) -> dict:
     return result
 
 
-_WORKERS = {"ddp": _worker_ddp, "fsdp2": _worker_fsdp2, "dtensor": _worker_dtensor}
+_WORKERS = {
+    "ddp": _worker_ddp,
+    "ddp_train": _worker_ddp_train,
+    "fsdp2": _worker_fsdp2,
+    "dtensor": _worker_dtensor,
+}
 
 
 def _worker_main(argv: list[str]) -> None:
@@ -253,6 +338,32 @@ def _run_ranks(case: str, phase: str, workdir: Path, **args) -> list[dict]:
         return reports(procs)
 
 
+def _saved_split_graphs(package_dir: Path) -> list[dict]:
+    """What each DDPOptimizer split graph saved in a package holds: its pieces'
+    Inductor graphs (forward and backward) and its kernel binaries."""
+    found = []
+    for path in sorted((package_dir / "graphs").glob("*.bin")):
+        data = path.read_bytes()
+        if data.startswith(b"PK"):
+            continue  # a torch.save archive: an Inductor graph of its own
+        graph = pickle.loads(data)
+        if graph.get("backend") != "custom:ddp_optimizer":
+            continue
+        split = pickle.loads(graph["artifacts"])
+        pieces = [torch.load(io.BytesIO(blob), weights_only=False) for blob in split["pieces"].values()]
+        found.append(
+            {
+                "pieces": len(pieces),
+                "inductor_fw_and_bw": sum(
+                    p["backend"] == "inductor" and p["fw_graph"] is not None and p["bw_graph"] is not None
+                    for p in pieces
+                ),
+                "kernels": len(split["kernels"]),
+            }
+        )
+    return found
+
+
 def _read_only_tree(root: Path) -> None:
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         for name in filenames:
@@ -278,9 +389,8 @@ class TestPackageDistributed(torch._dynamo.test_case.TestCase):
         shutil.rmtree(self.workdir, ignore_errors=True)
         super().tearDown()
 
-    # NOTE: aot_eager only. With Inductor, DDPOptimizer's pieces compile with
-    # TracingContext.fakify_first_call on, for which 2.7.1's AOTAutograd cache
-    # writes no entry: the package leaves such an entry out, with a warning.
+    # NOTE: aot_eager, for speed: the Inductor pieces of a DDP model are
+    # test_ddp_inductor_training_from_package_is_bitwise_equal's.
     def test_ddp_save_on_every_rank_load_shared_read_only(self):
         prefix = self.workdir / "packages"
         saved = _run_ranks("ddp", "save", self.workdir, backend="aot_eager", prefix=str(prefix))
@@ -298,6 +408,29 @@ class TestPackageDistributed(torch._dynamo.test_case.TestCase):
         self.assertTrue(all(r["entries"] >= 1 for r in loaded), loaded)
         self.assertEqual(sorted(str(p.relative_to(shared)) for p in shared.rglob("*")), before)
 
+    def test_ddp_inductor_training_from_package_is_bitwise_equal(self):
+        # See NOTE: [Bitwise-equal DDP training from a package]
+        prefix = str(self.workdir / "ddp_inductor")
+        saved = _run_ranks("ddp_train", "save", self.workdir, prefix=prefix)
+        for r in saved:
+            # DDPOptimizer split the graph, and every piece was compiled by
+            # Inductor with a forward and a backward the package saved.
+            self.assertGreaterEqual(r["pieces"], 2, r)
+            self.assertEqual(r["pieces_with_entries"], r["pieces"], r)
+            self.assertEqual(r["left_out"], [], r)
+            first, last = r["first_and_last_loss"]
+            self.assertLess(last, first, r)  # it trained
+        for rank in range(WORLD_SIZE):
+            (split,) = _saved_split_graphs(self.workdir / "ddp_inductor" / f"rank{rank}" / PACKAGE)
+            self.assertEqual(split["pieces"], saved[rank]["pieces"], split)
+            self.assertEqual(split["inductor_fw_and_bw"], split["pieces"], split)
+            self.assertGreaterEqual(split["kernels"], 1, split)
+        loaded = _run_ranks("ddp_train", "load", self.workdir, prefix=prefix)
+        for r in loaded:
+            self.assertGreaterEqual(r["entries"], 1, r)
+            self.assertEqual(r["pieces_run"], saved[r["rank"]]["pieces"], r)
+            self.assertEqual(r["losses_equal"], [True] * TRAIN_STEPS, r)
+            self.assertEqual(r["params_equal"], [True] * len(r["params_equal"]), r)
 
     def test_fsdp2_save_and_load_on_every_rank(self):
         prefix = str(self.workdir / "fsdp2")
