@@ -36,6 +36,8 @@ from torch.testing._internal.fresh_process import reports, start_script, write_r
 
 
 WORLD_SIZE = 2
+# The long tail (the nightly): the Inductor DDP case on 4 ranks too.
+LONG_TESTS = os.environ.get("TORCH_OVERLAY_LONG_TESTS", "0") == "1"
 # Seconds: any one collective, and one phase of all ranks.
 COLLECTIVE_TIMEOUT_S = 60
 PHASE_TIMEOUT_S = 240
@@ -67,7 +69,7 @@ def _init_rank(args: dict) -> int:
         "gloo",
         init_method=f"file://{args['store']}",
         rank=rank,
-        world_size=WORLD_SIZE,
+        world_size=int(args.get("world_size", WORLD_SIZE)),
         timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
     )
     return rank
@@ -172,7 +174,9 @@ def _worker_ddp_train(args: dict) -> dict:
     run = os.path.join(args["prefix"], f"cold_run_rank{rank}.pt")
     result: dict = {"rank": rank}
     if args["phase"] == "save":
+        initial = [p.detach().clone() for p in compiled.parameters()]
         losses, params = _train(compiled, rank)
+        result["params_moved"] = all(not torch.equal(a, b) for a, b in zip(params, initial))
         package = compiled._compile_package()
         pieces = _split_pieces(package)
         result["pieces"] = len(pieces)
@@ -182,7 +186,6 @@ def _worker_ddp_train(args: dict) -> dict:
         )
         compiled.save_package(prefix=prefix)
         result["left_out"] = list(package._unsaveable)
-        result["first_and_last_loss"] = [losses[0].item(), losses[-1].item()]
         torch.save({"losses": losses, "params": params}, run)
     else:
         compiled.load_package(prefix=prefix)
@@ -309,8 +312,8 @@ def _worker_main(argv: list[str]) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _run_ranks(case: str, phase: str, workdir: Path, **args) -> list[dict]:
-    """Run ``case``'s ``phase`` on WORLD_SIZE fresh processes; their results."""
+def _run_ranks(case: str, phase: str, workdir: Path, world_size: int = WORLD_SIZE, **args) -> list[dict]:
+    """Run ``case``'s ``phase`` on ``world_size`` fresh processes; their results."""
     store = Path(tempfile.mkdtemp(dir=workdir)) / "store"
     # The ranks of one phase share an empty inductor cache.
     cache = tempfile.mkdtemp(dir=workdir, prefix="inductor_cache_")
@@ -327,12 +330,21 @@ def _run_ranks(case: str, phase: str, workdir: Path, **args) -> list[dict]:
                 start_script(
                     __file__,
                     "--worker",
-                    json.dumps({"case": case, "phase": phase, "rank": rank, "store": str(store), **args}),
+                    json.dumps(
+                        {
+                            "case": case,
+                            "phase": phase,
+                            "rank": rank,
+                            "world_size": world_size,
+                            "store": str(store),
+                            **args,
+                        }
+                    ),
                     env=env,
                     timeout=PHASE_TIMEOUT_S,
                 )
             )
-            for rank in range(WORLD_SIZE)
+            for rank in range(world_size)
         ]
         # Process i is rank i; every failed rank's output is in the error.
         return reports(procs)
@@ -409,23 +421,30 @@ class TestPackageDistributed(torch._dynamo.test_case.TestCase):
         self.assertEqual(sorted(str(p.relative_to(shared)) for p in shared.rglob("*")), before)
 
     def test_ddp_inductor_training_from_package_is_bitwise_equal(self):
+        self._check_ddp_inductor_training(WORLD_SIZE)
+
+    @unittest.skipUnless(LONG_TESTS, "long tail: TORCH_OVERLAY_LONG_TESTS=1 (nightly)")
+    def test_ddp_inductor_training_from_package_is_bitwise_equal_4_ranks(self):
+        self._check_ddp_inductor_training(4)
+
+    def _check_ddp_inductor_training(self, world_size: int) -> None:
         # See NOTE: [Bitwise-equal DDP training from a package]
         prefix = str(self.workdir / "ddp_inductor")
-        saved = _run_ranks("ddp_train", "save", self.workdir, prefix=prefix)
+        saved = _run_ranks("ddp_train", "save", self.workdir, world_size, prefix=prefix)
+        self.assertEqual(len(saved), world_size)
         for r in saved:
             # DDPOptimizer split the graph, and every piece was compiled by
             # Inductor with a forward and a backward the package saved.
             self.assertGreaterEqual(r["pieces"], 2, r)
             self.assertEqual(r["pieces_with_entries"], r["pieces"], r)
             self.assertEqual(r["left_out"], [], r)
-            first, last = r["first_and_last_loss"]
-            self.assertLess(last, first, r)  # it trained
-        for rank in range(WORLD_SIZE):
+            self.assertTrue(r["params_moved"], r)  # it trained
+        for rank in range(world_size):
             (split,) = _saved_split_graphs(self.workdir / "ddp_inductor" / f"rank{rank}" / PACKAGE)
             self.assertEqual(split["pieces"], saved[rank]["pieces"], split)
             self.assertEqual(split["inductor_fw_and_bw"], split["pieces"], split)
             self.assertGreaterEqual(split["kernels"], 1, split)
-        loaded = _run_ranks("ddp_train", "load", self.workdir, prefix=prefix)
+        loaded = _run_ranks("ddp_train", "load", self.workdir, world_size, prefix=prefix)
         for r in loaded:
             self.assertGreaterEqual(r["entries"], 1, r)
             self.assertEqual(r["pieces_run"], saved[r["rank"]]["pieces"], r)
