@@ -144,7 +144,7 @@ def _worker_ddp(args: dict) -> dict:
 TRAIN_STEPS = 20
 
 
-def _train(model, rank: int) -> tuple[list[float], list[torch.Tensor]]:
+def _train(model, rank: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     losses = []
     for step in range(TRAIN_STEPS):
