@@ -8,15 +8,20 @@ collective and on the processes. A package is saved by one set of processes
 and loaded by a FRESH set with an empty TORCHINDUCTOR_CACHE_DIR under
 torch.compiler.set_stance("fail_on_recompile"); outputs and gradients are
 compared, on every rank, with the same model run eagerly under the same
-wrapper (DDP or fully_shard).
+wrapper (DDP or fully_shard). A DDP model compiled with Inductor trains from
+its package bitwise as it trained when it compiled (NOTE: [Bitwise-equal DDP
+training from a package]).
 """
 
 import contextlib
 import copy
 import datetime
 import faulthandler
+import gc
+import io
 import json
 import os
+import pickle
 import stat
 import sys
 import tempfile
@@ -31,6 +36,8 @@ from torch.testing._internal.fresh_process import reports, start_script, write_r
 
 
 WORLD_SIZE = 2
+# The long tail (the nightly): the Inductor DDP case on 4 ranks too.
+LONG_TESTS = os.environ.get("TORCH_OVERLAY_LONG_TESTS", "0") == "1"
 # Seconds: any one collective, and one phase of all ranks.
 COLLECTIVE_TIMEOUT_S = 60
 PHASE_TIMEOUT_S = 240
@@ -62,7 +69,7 @@ def _init_rank(args: dict) -> int:
         "gloo",
         init_method=f"file://{args['store']}",
         rank=rank,
-        world_size=WORLD_SIZE,
+        world_size=int(args.get("world_size", WORLD_SIZE)),
         timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
     )
     return rank
@@ -122,6 +129,82 @@ def _worker_ddp(args: dict) -> dict:
             for step in range(2):
                 _compare(step, _ddp_step(compiled, _batch(rank, step)), _ddp_step(eager, _batch(rank, step)))
         result["entries"] = len(compiled._compile_package()._loaded)
+    dist.barrier()
+    return result
+
+
+# NOTE: [Bitwise-equal DDP training from a package]
+# The Inductor DDP case trains TRAIN_STEPS steps of SGD twice, in fresh ranks
+# each time: once compiling cold (an empty Inductor cache), saving each rank's
+# package after the run, and once from that package under fail_on_recompile.
+# Same seeds, same batches, one OpenMP thread and the same compiled kernels
+# (the package's): every step's loss and the final parameters must be
+# bitwise equal (torch.equal), not merely close. The cold run writes its
+# losses and parameters next to the package for the loading run to compare.
+TRAIN_STEPS = 20
+
+
+def _train(model, rank: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses = []
+    for step in range(TRAIN_STEPS):
+        opt.zero_grad(set_to_none=True)
+        loss = model(_batch(rank, step)).square().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().clone())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def _split_pieces(package) -> list:
+    """The pieces (_GraphRecords) of every DDPOptimizer split graph the package recorded."""
+    splits = {
+        id(record): record
+        for _, record in package.backend.records.values()
+        if record.backend == "custom:ddp_optimizer"
+    }
+    return [piece for record in splits.values() for piece, _ in record.compiled.pieces.values()]
+
+
+def _worker_ddp_train(args: dict) -> dict:
+    rank = _init_rank(args)
+    torch.manual_seed(0)
+    compiled = torch.compile(_wrap_ddp(_Net()), backend="inductor", package=PACKAGE)
+    prefix = os.path.join(args["prefix"], f"rank{rank}")
+    run = os.path.join(args["prefix"], f"cold_run_rank{rank}.pt")
+    result: dict = {"rank": rank}
+    if args["phase"] == "save":
+        initial = [p.detach().clone() for p in compiled.parameters()]
+        losses, params = _train(compiled, rank)
+        result["params_moved"] = all(not torch.equal(a, b) for a, b in zip(params, initial))
+        package = compiled._compile_package()
+        pieces = _split_pieces(package)
+        result["pieces"] = len(pieces)
+        result["pieces_with_entries"] = sum(
+            p.backend == "inductor" and p.aot_entry is not None and p.aot_entry.compiled_bw is not None
+            for p in pieces
+        )
+        compiled.save_package(prefix=prefix)
+        result["left_out"] = list(package._unsaveable)
+        torch.save({"losses": losses, "params": params}, run)
+    else:
+        compiled.load_package(prefix=prefix)
+        with torch.compiler.set_stance("fail_on_recompile"):
+            losses, params = _train(compiled, rank)
+        cold = torch.load(run)
+        result["entries"] = len(compiled._compile_package()._loaded)
+        result["losses_equal"] = [torch.equal(a, b) for a, b in zip(losses, cold["losses"])]
+        result["params_equal"] = [torch.equal(a, b) for a, b in zip(params, cold["params"])]
+        # The steps ran the package's Inductor pieces (rebuilt at their first call).
+        from torch._dynamo.package import _DDPSplitPiece
+        from torch._dynamo.package_artifacts import _PackagedInductorGraph
+
+        result["pieces_run"] = sum(
+            isinstance(obj, _DDPSplitPiece)
+            and isinstance(obj.compiled, _PackagedInductorGraph)
+            and obj.compiled.compiled is not None
+            for obj in gc.get_objects()
+        )
     dist.barrier()
     return result
 
@@ -201,7 +284,12 @@ def _worker_dtensor(args: dict) -> dict:
     return result
 
 
-_WORKERS = {"ddp": _worker_ddp, "fsdp2": _worker_fsdp2, "dtensor": _worker_dtensor}
+_WORKERS = {
+    "ddp": _worker_ddp,
+    "ddp_train": _worker_ddp_train,
+    "fsdp2": _worker_fsdp2,
+    "dtensor": _worker_dtensor,
+}
 
 
 def _worker_main(argv: list[str]) -> None:
@@ -224,8 +312,8 @@ def _worker_main(argv: list[str]) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _run_ranks(case: str, phase: str, workdir: Path, **args) -> list[dict]:
-    """Run ``case``'s ``phase`` on WORLD_SIZE fresh processes; their results."""
+def _run_ranks(case: str, phase: str, workdir: Path, world_size: int = WORLD_SIZE, **args) -> list[dict]:
+    """Run ``case``'s ``phase`` on ``world_size`` fresh processes; their results."""
     store = Path(tempfile.mkdtemp(dir=workdir)) / "store"
     # The ranks of one phase share an empty inductor cache.
     cache = tempfile.mkdtemp(dir=workdir, prefix="inductor_cache_")
@@ -242,15 +330,50 @@ def _run_ranks(case: str, phase: str, workdir: Path, **args) -> list[dict]:
                 start_script(
                     __file__,
                     "--worker",
-                    json.dumps({"case": case, "phase": phase, "rank": rank, "store": str(store), **args}),
+                    json.dumps(
+                        {
+                            "case": case,
+                            "phase": phase,
+                            "rank": rank,
+                            "world_size": world_size,
+                            "store": str(store),
+                            **args,
+                        }
+                    ),
                     env=env,
                     timeout=PHASE_TIMEOUT_S,
                 )
             )
-            for rank in range(WORLD_SIZE)
+            for rank in range(world_size)
         ]
         # Process i is rank i; every failed rank's output is in the error.
         return reports(procs)
+
+
+def _saved_split_graphs(package_dir: Path) -> list[dict]:
+    """What each DDPOptimizer split graph saved in a package holds: its pieces'
+    Inductor graphs (forward and backward) and its kernel binaries."""
+    found = []
+    for path in sorted((package_dir / "graphs").glob("*.bin")):
+        data = path.read_bytes()
+        if data.startswith(b"PK"):
+            continue  # a torch.save archive: an Inductor graph of its own
+        graph = pickle.loads(data)
+        if graph.get("backend") != "custom:ddp_optimizer":
+            continue
+        split = pickle.loads(graph["artifacts"])
+        pieces = [torch.load(io.BytesIO(blob), weights_only=False) for blob in split["pieces"].values()]
+        found.append(
+            {
+                "pieces": len(pieces),
+                "inductor_fw_and_bw": sum(
+                    p["backend"] == "inductor" and p["fw_graph"] is not None and p["bw_graph"] is not None
+                    for p in pieces
+                ),
+                "kernels": len(split["kernels"]),
+            }
+        )
+    return found
 
 
 def _read_only_tree(root: Path) -> None:
@@ -278,9 +401,8 @@ class TestPackageDistributed(torch._dynamo.test_case.TestCase):
         shutil.rmtree(self.workdir, ignore_errors=True)
         super().tearDown()
 
-    # NOTE: aot_eager only. With Inductor, DDPOptimizer's pieces compile with
-    # TracingContext.fakify_first_call on, for which 2.7.1's AOTAutograd cache
-    # writes no entry: the package leaves such an entry out, with a warning.
+    # NOTE: aot_eager, for speed: the Inductor pieces of a DDP model are
+    # test_ddp_inductor_training_from_package_is_bitwise_equal's.
     def test_ddp_save_on_every_rank_load_shared_read_only(self):
         prefix = self.workdir / "packages"
         saved = _run_ranks("ddp", "save", self.workdir, backend="aot_eager", prefix=str(prefix))
@@ -298,6 +420,36 @@ class TestPackageDistributed(torch._dynamo.test_case.TestCase):
         self.assertTrue(all(r["entries"] >= 1 for r in loaded), loaded)
         self.assertEqual(sorted(str(p.relative_to(shared)) for p in shared.rglob("*")), before)
 
+    def test_ddp_inductor_training_from_package_is_bitwise_equal(self):
+        self._check_ddp_inductor_training(WORLD_SIZE)
+
+    @unittest.skipUnless(LONG_TESTS, "long tail: TORCH_OVERLAY_LONG_TESTS=1 (nightly)")
+    def test_ddp_inductor_training_from_package_is_bitwise_equal_4_ranks(self):
+        self._check_ddp_inductor_training(4)
+
+    def _check_ddp_inductor_training(self, world_size: int) -> None:
+        # See NOTE: [Bitwise-equal DDP training from a package]
+        prefix = str(self.workdir / "ddp_inductor")
+        saved = _run_ranks("ddp_train", "save", self.workdir, world_size, prefix=prefix)
+        self.assertEqual(len(saved), world_size)
+        for r in saved:
+            # DDPOptimizer split the graph, and every piece was compiled by
+            # Inductor with a forward and a backward the package saved.
+            self.assertGreaterEqual(r["pieces"], 2, r)
+            self.assertEqual(r["pieces_with_entries"], r["pieces"], r)
+            self.assertEqual(r["left_out"], [], r)
+            self.assertTrue(r["params_moved"], r)  # it trained
+        for rank in range(world_size):
+            (split,) = _saved_split_graphs(self.workdir / "ddp_inductor" / f"rank{rank}" / PACKAGE)
+            self.assertEqual(split["pieces"], saved[rank]["pieces"], split)
+            self.assertEqual(split["inductor_fw_and_bw"], split["pieces"], split)
+            self.assertGreaterEqual(split["kernels"], 1, split)
+        loaded = _run_ranks("ddp_train", "load", self.workdir, world_size, prefix=prefix)
+        for r in loaded:
+            self.assertGreaterEqual(r["entries"], 1, r)
+            self.assertEqual(r["pieces_run"], saved[r["rank"]]["pieces"], r)
+            self.assertEqual(r["losses_equal"], [True] * TRAIN_STEPS, r)
+            self.assertEqual(r["params_equal"], [True] * len(r["params_equal"]), r)
 
     def test_fsdp2_save_and_load_on_every_rank(self):
         prefix = str(self.workdir / "fsdp2")

@@ -463,6 +463,12 @@ class _AOTCompileListener:
     in packages]). Installed for that compile only (NOTE: [AOTAutograd compile
     listeners] in torch/_functorch/_aot_autograd/autograd_cache.py)."""
 
+    # DDPOptimizer's pieces compile with fakify_first_call, which AOTAutograd's
+    # cache bypasses; the package saves their entries itself (NOTE: [Listeners
+    # and fakify_first_call compiles] in autograd_cache.py; NOTE: [DDPOptimizer
+    # graphs in packages]).
+    record_fakified_compiles = True
+
     def __init__(self, record: _GraphRecord) -> None:
         self.record = record
 
@@ -2272,6 +2278,17 @@ def _code_frame_action(result) -> str:
 # artifact (saved as the package saves any graph of its backend, Inductor
 # kernels included). A loaded package runs the same pieces: the buckets, and
 # the overlap of allreduce with backward, are those of the process that saved.
+# DDPOptimizer compiles each piece with TracingContext.fakify_first_call set,
+# which AOTAutograd's cache bypasses; an Inductor piece's entry (what the
+# package saves it from) reaches its _AOTCompileListener because the listener
+# sets record_fakified_compiles (NOTE: [Listeners and fakify_first_call
+# compiles] in torch/_functorch/_aot_autograd/autograd_cache.py). Such a piece
+# is therefore compiled by every compile under a package, never found in the
+# on-disk cache, and its entry is not written there. At load, each piece runs
+# the saved kernels for the strides the saving compile propagated between the
+# pieces: nothing is fakified again. The loading process wraps the model in
+# DDP itself, with the saving process's bucket_cap_mb: the pieces are fixed at
+# save, and the same cap gives DDP's reducer the buckets they were cut for.
 
 
 def _compile_ddp_split(package: CompilePackage, ddp_compile_fn: Callable, gm, example_inputs):
