@@ -119,6 +119,28 @@ def make():
     return MLP().eval()
 
 
+# An MLP called with keyword options that it passes on, as transformers'
+# models do: Dynamo guards the keys of the frame's **options dict
+# (DICT_KEYS_MATCH, order ignored), through sources that index it by
+# constant keys.
+class KeywordMLP(MLP):
+    def forward(self, x, **options):
+        return self.rescale(super().forward(x), **options)
+
+    def rescale(self, out, scale, shift):
+        return out * scale + shift
+
+
+def make_keyword():
+    torch.manual_seed(0)
+    return KeywordMLP().eval()
+
+
+# The keyword arguments each kind of package is called with.
+def package_options(kind):
+    return {"scale": 2.0, "shift": 0.5} if kind == "dynamic-package" else {}
+
+
 def scaled_relu(x):
     return torch.relu(x * 3.0 + 1.0).sum(dim=-1)
 
@@ -137,7 +159,7 @@ def package_target(kind):
         "package": make,
         "function-package": lambda: scaled_relu,
         "torch-module-package": make_sequential,
-        "dynamic-package": make,
+        "dynamic-package": make_keyword,
     }[kind]()
 """
 
@@ -154,7 +176,7 @@ with torch.no_grad():
         compiled = torch.compile(
             target, package=sys.argv[2], dynamic=sys.argv[1].startswith("dynamic")
         )
-        compiled(x)
+        compiled(x, **load_imports_model.package_options(sys.argv[1]))
         compiled.save_package()
     else:
         with torch._dynamo.config.patch("enable_aot_compile", True):
@@ -201,11 +223,12 @@ with torch.no_grad():
     expected = model(x)
     if sys.argv[1].endswith("package"):
         model = load_imports_model.package_target(sys.argv[1])
-        expected = model(x)
+        options = load_imports_model.package_options(sys.argv[1])
+        expected = model(x, **options)
         compiled = torch.compile(model, package=sys.argv[2], dynamic=dynamic)
         compiled.load_package()
         with torch.compiler.set_stance("fail_on_recompile"):
-            out = compiled(x)
+            out = compiled(x, **options)
     else:
         with torch.compiler.set_stance("fail_on_recompile"):
             loaded = torch.compiler.load_compiled_function(sys.argv[2])
@@ -220,7 +243,8 @@ with torch.no_grad():
     # A call the loaded guards reject (another batch size; for dynamic shapes,
     # a batch of 1, which they specialize) compiles here.
     y = torch.randn(1 if dynamic else 7, 16)
-    report["miss_same"] = torch.allclose(compiled(y), model(y))
+    options = load_imports_model.package_options(sys.argv[1])
+    report["miss_same"] = torch.allclose(compiled(y, **options), model(y, **options))
     report["frames_compiled"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
 report["imported_after_miss"] = [m for m in compile_only if m in sys.modules]
 # Imported last: what this process imported is what it reports.
@@ -567,9 +591,12 @@ class TestLoadImports(torch._dynamo.test_case.TestCase):
         self.check_loads_only_the_runtime("torch-module-package")
 
     def test_package_with_dynamic_shapes_imports_only_the_runtime(self):
-        # Its shape-env guards are code that compares sizes with ints: they
-        # build without symbolic_shapes and sympy (_shape_guard_closure_vars in
-        # torch/_dynamo/guards.py).
+        # Its shape-env guards are code that compares sizes with ints, and
+        # its guards on the **options dict index it by constant keys: they
+        # build without
+        # symbolic_shapes, sympy or the variable trackers
+        # (_shape_guard_closure_vars in torch/_dynamo/guards.py, and
+        # utils.is_literal for DictGetItemSource).
         self.check_loads_only_the_runtime("dynamic-package")
 
     def test_shape_guard_code_imports_symbolic_shapes_only_for_its_helpers(self):
