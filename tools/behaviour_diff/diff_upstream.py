@@ -1373,11 +1373,13 @@ def render_test_outcomes(report: dict) -> list[str]:
 # status; this report only shows it.
 
 
-def load_conformance(path: Optional[Path]) -> Optional[dict]:
+def load_included_report(path: Optional[Path], option: str, make_target: str) -> Optional[dict]:
+    """The json report an ``option`` names (None: not asked for), which
+    ``make_target`` writes."""
     if path is None:
         return None
     if not path.exists():
-        raise SystemExit(f"--conformance {path}: no such report (run make upstream-conformance first)")
+        raise SystemExit(f"{option} {path}: no such report (run make {make_target} first)")
     return json.loads(path.read_text())
 
 
@@ -1424,14 +1426,6 @@ def render_conformance(report: dict) -> list[str]:
 # side passes and the other does not become one section of this report. The
 # sweep runs for hours (the nightly workflow); this report only shows its last
 # comparison.
-
-
-def load_sweep(path: Optional[Path]) -> Optional[dict]:
-    if path is None:
-        return None
-    if not path.exists():
-        raise SystemExit(f"--sweep {path}: no such comparison (run make transformers-sweep-compare first)")
-    return json.loads(path.read_text())
 
 
 def render_sweep(report: dict) -> list[str]:
@@ -1697,8 +1691,8 @@ def main(argv=None) -> int:
     runs = run_environments(args, environments)
     report = build_report(args, environments, runs.infos, runs.tests, runs.probes, started)
     add_precompile_report(report, args, runs.precompile)
-    report["conformance"] = load_conformance(args.conformance)
-    report["sweep"] = load_sweep(args.sweep)
+    report["conformance"] = load_included_report(args.conformance, "--conformance", "upstream-conformance")
+    report["sweep"] = load_included_report(args.sweep, "--sweep", "transformers-sweep-compare")
     (args.out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     (args.out / "report.md").write_text(render_markdown(report))
     print(f"report: {args.out / 'report.md'} ({report['seconds']} s)")
