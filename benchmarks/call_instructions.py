@@ -52,11 +52,11 @@ Exit status: 0 passed (or measured), 1 a regression, 2 no measurement
 # the kernels hold only instructions valgrind runs, the same on every host.
 # Should one still slip through, valgrind's SIGILL is reported (exit 2).
 # PYTHONHASHSEED is fixed.
-# The measuring process holds every row's package at once, so its package
-# calls also run what lets packages adopt each other's entries (the running-
-# package hook and an epilogue guard per entry: NOTE: [Entries a package's
-# model uses] in torch/_dynamo/package.py), as a process serving several
-# models does; `--rows mlp` measures the MLP's package alone, without them.
+# The measuring process holds every row's package at once, as a process
+# serving several models does; `--rows mlp` measures the MLP's package alone.
+# (Until Issue 48 item 3, several packages added a running-package hook and an
+# epilogue guard per entry to each call; packages now take each other's entries
+# when saved: NOTE: [Entries a package's model uses] in torch/_dynamo/package.py.)
 # The margin: five full runs of one overlay (each priming afresh; the 2-core
 # machine shared with other jobs, 2026-12-02) differed by at most 0.57% per
 # row (the MLP's package load, 275,538-277,106; its aot_compile load 0.12%,

@@ -364,14 +364,13 @@ write_report(report)
 
 
 # One class, two instances, two packages, the second made after the first's entry
-# was compiled (NOTE: [Entries a package's model uses]): while one package exists
-# its callable runs with no package hook; the second package's model is served by
-# the first's entry, holds it, and loads it alone.
+# was compiled (NOTE: [Entries a package's model uses]): no callable runs a
+# package hook; the second package's model is served by the first's entry, holds
+# it once saved, and loads it alone.
 SHARED_LATER = r'''
 import os, sys
 import torch
 from torch import nn
-from torch._dynamo import package as dynamo_package
 from torch._dynamo.utils import counters
 from torch.testing._internal.fresh_process import write_report
 
@@ -403,7 +402,6 @@ if mode == "save":
     c_model = torch.compile(model, backend="eager", package=os.path.join(where, "model"))
     c_model(x)
     report["model_hooks_alone"] = hooks(c_model)
-    report["sharing_alone"] = dynamo_package._sharing.sharing
     c_copy = torch.compile(copy, backend="eager", package=os.path.join(where, "copy"))
     report["hooks_shared"] = [hooks(c_model), hooks(c_copy)]
     graphs = counters["stats"]["unique_graphs"]
@@ -419,6 +417,69 @@ else:
     report["traced_graphs"] = counters["stats"]["unique_graphs"]
 write_report(report)
 '''
+
+
+# One class, two instances, two packages, one code at its recompile limit under
+# the first (NOTE: [Entries a package's model uses], NOTE: [Frames Dynamo
+# skips]): the second package takes the first's entries of that code when saved,
+# both of them though its model ran one, and not the first's run-only decision.
+SHARED_AT_LIMIT = r"""
+import json, os, sys, warnings
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+from torch.testing._internal.fresh_process import write_report
+
+# recompile_limit on 2.7; cache_size_limit, its alias there, on 2.6
+torch._dynamo.config.cache_size_limit = 2
+
+
+class Scale(nn.Module):
+    def __init__(self, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x, n):
+        return self.linear(x) * n + 1
+
+
+mode, where = sys.argv[1:3]
+model, copy = Scale(0), Scale(1)
+x = torch.randn(2, 4)
+
+
+def manifest(name):
+    with open(os.path.join(where, name, "manifest.json")) as f:
+        found = json.load(f)
+    return [found["entries"], found["skipped_frames"]]
+
+
+report = {}
+if mode == "save":
+    torch._dynamo.config.strict_precompile = True
+    c_model = torch.compile(model, backend="eager", dynamic=False, package=os.path.join(where, "model"))
+    c_copy = torch.compile(copy, backend="eager", dynamic=False, package=os.path.join(where, "copy"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        same = [bool(torch.equal(c_model(x, n), model(x, n))) for n in (1, 2, 3)]
+        graphs = counters["stats"]["unique_graphs"]
+        # Served by the model's entry (1), run eagerly at the limit (3).
+        same += [bool(torch.equal(c_copy(x, n), copy(x, n))) for n in (1, 3)]
+        report["graphs_for_copy"] = counters["stats"]["unique_graphs"] - graphs
+        c_copy.save_package()
+        c_model.save_package()
+    report["warnings"] = [str(w.message) for w in caught if "package" in str(w.message)]
+    report["same"] = same
+    report["model"], report["copy"] = manifest("model"), manifest("copy")
+else:
+    c_copy = torch.compile(copy, backend="eager", dynamic=False, package=os.path.join(where, "copy"))
+    c_copy.load_package()
+    with torch.compiler.set_stance("fail_on_recompile"):
+        report["same"] = [bool(torch.equal(c_copy(x, n), copy(x, n))) for n in (1, 2)]
+    report["traced_graphs"] = counters["stats"]["unique_graphs"]
+write_report(report)
+"""
 
 
 # A helper that graph-breaks is compiled as a frame of its own; defined in a local
@@ -646,18 +707,29 @@ class TestPackage(PackageTestCase):
     def test_a_second_package_holds_entries_compiled_before_it_existed(self):
         where = self.tmp / "pkgs"
         saved = self.run_script(SHARED_LATER, "save", where)
-        # Alone, a package adds no hook to its callable's calls; once a second
-        # package exists, each callable marks its package running.
+        # A package adds no hook to its callable's calls, alone or beside a
+        # second package: the copy's package takes the entry when it is saved.
         self.assertEqual(saved["model_hooks_alone"], saved["plain_hooks"])
-        self.assertFalse(saved["sharing_alone"])
-        self.assertEqual(
-            saved["hooks_shared"],
-            [saved["plain_hooks"] + ["mark_package_running"]] * 2,
-        )
+        self.assertEqual(saved["hooks_shared"], [saved["plain_hooks"]] * 2)
         self.assertTrue(saved["same"])
         self.assertEqual(saved["graphs_for_copy"], 0)
         loaded = self.run_script(SHARED_LATER, "load", where)
         self.assertTrue(loaded["same"])
+        self.assertEqual(loaded["traced_graphs"], 0)
+
+    def test_a_second_package_takes_entries_not_decisions_of_a_shared_code(self):
+        where = self.tmp / "pkgs"
+        saved = self.run_script(SHARED_AT_LIMIT, "save", where)
+        self.assertEqual(saved["warnings"], [])
+        self.assertEqual(saved["same"], [True] * 5)
+        self.assertEqual(saved["graphs_for_copy"], 0)
+        # [entries, skipped frames]: the model's two entries and its decision
+        # that the code runs only those; the copy takes both entries (guards
+        # decide at load), not the decision.
+        self.assertEqual(saved["model"], [2, 1])
+        self.assertEqual(saved["copy"], [2, 0])
+        loaded = self.run_script(SHARED_AT_LIMIT, "load", where)
+        self.assertEqual(loaded["same"], [True, True])
         self.assertEqual(loaded["traced_graphs"], 0)
 
     def test_entry_whose_code_cannot_be_found_again_is_left_out(self):

@@ -198,122 +198,56 @@ def _recording(package: Optional[CompilePackage]):
 # equal (eval_frame.c follows _torchdynamo_orig_callable to the raw backend, so
 # the packages' RecordingBackends do not tell them apart). The frame callback,
 # and so the package, never sees such a hit, yet the package must hold the entry
-# to load alone in a fresh process. So a package records hits too:
-# - an enter hook of the torch.compile()'d callable's Dynamo context pushes the
-#   package on a thread-local stack (_tls.running) around every call: the
-#   innermost compiled callable running is its model;
-# - the guard manager of every entry compiled under a package, or installed from
-#   one, gets one more epilogue guard, after the shape guards: epilogue guards
-#   run only once every other guard passed, so it runs exactly when the entry
-#   is about to serve the frame. It always passes, and when the running package
-#   is not the entry's own, that package adopts the entry (its bytecode, guards,
-#   graphs, kernels and inlined sources: _EntryOrigin).
-# Only a package whose callable Dynamo runs (torch.compile(..., package=...))
-# can own an entry or run a model, so while a process has made one such
-# package there is nothing to adopt, and neither the hook nor the epilogue
-# guard is installed: a loaded package's call costs what a fresh compile's
-# does. When a second one is made (_track_running_package), every such
-# package's context gets its hook and every entry so far its epilogue guard,
-# before that package's callable can run; from then on each new one gets them
-# at once. The guards decide what a package holds: an entry joins a package
-# only after its guards accepted a frame run by that package's model, so
-# models whose weights or configs differ in what the guards read keep their
-# own entries. Not adopted: entries compiled without a package (they have no
-# saved guards), and frozen graphs (their constants are the other model's
-# weights).
-_packages_by_uid: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# to load alone in a fresh process. Guards stay pure (nothing runs on a hit
+# beyond Dynamo's own checks); a package takes such entries when it is saved
+# (CompilePackage._adopt_shared_entries):
+# - every entry compiled under a package, or installed from one, is noted with
+#   what another package needs to hold it (_EntryOrigin) and its code, keyed by
+#   its guard manager (_note_origin), which the cache entry holds and drops with
+#   it;
+# - at save, a package whose callable Dynamo runs (runs_under) walks the live
+#   cache entries of the codes its model runs: its root code (Dynamo's inline
+#   wrapper for a module compiled through it), the codes of its own entries,
+#   and the codes of every package whose entry it takes. It takes each noted
+#   entry of another package that the C cache would give its model: the code
+#   key is the one this package gives that code (so one module class's inline
+#   wrapper entries do not go to another class's package), and the backends'
+#   cache keys are equal.
+# Nothing says which of those entries its model's calls hit (that took a guard
+# with a side effect), so guards decide at load which of them serve: a model
+# whose weights, config or inputs differ in what the guards read may carry the
+# other model's entries, which its guards reject (a larger package, never
+# another result: FSDP2 blocks of one class each hold the entry of the first
+# block's input, which needs no grad, and that of the others'). A taken entry
+# a fresh process could not find the code of (a resume function whose
+# caller's entry is not taken) is dropped silently: the model may never have
+# run it, and warning, or failing a strict save, would be wrong. Not adopted:
+# entries compiled without a package (they have no saved guards), frozen
+# graphs (their constants are the other model's weights), entries no longer
+# in a code's cache when the package is saved (torch._dynamo.reset() dropped
+# them), and frame decisions (NOTE: [Frames Dynamo skips]): the C cache keeps
+# a code's skip or run-only action as state of the code, not as an entry, and
+# has no way to read it back, so a reset would leave a taken decision stale; a
+# model loaded without it makes it again by tracing (eager, or its own
+# compile: nothing of the other model's).
+_entry_origins: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-class _SharingState:
-    """Which packages' callables Dynamo runs, and whether entries may be shared
+def _note_origin(guard_manager, origin: _EntryOrigin, code: types.CodeType) -> None:
+    """Note ``origin`` for the cache entry whose guards are ``guard_manager``
     (NOTE: [Entries a package's model uses])."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.package_uids: set[str] = set()
-        self.sharing = False
-        # Contexts whose hook waits for a second package: (weakref, hook).
-        self.contexts: list[tuple[weakref.ref, Callable[[], Callable[[], None]]]] = []
-        # Guard managers whose epilogue guard waits for it: (weakref, origin).
-        self.entries: list[tuple[weakref.ref, _EntryOrigin]] = []
-
-
-_sharing = _SharingState()
-
-
-def _pop_running_package() -> None:
-    _tls.running.pop()
-
-
-def _running_package_hook(package_uid: str) -> Callable[[], Callable[[], None]]:
-    """The enter hook that marks ``package_uid``'s model running on this thread."""
-
-    def mark_package_running() -> Callable[[], None]:
-        stack = getattr(_tls, "running", None)
-        if stack is None:
-            stack = _tls.running = []
-        stack.append(package_uid)
-        return _pop_running_package
-
-    return mark_package_running
-
-
-def _track_running_package(package_uid: str, dynamo_ctx: Any) -> None:
-    """``dynamo_ctx`` runs ``package_uid``'s model: hook it now, or when a second
-    package makes sharing possible."""
-    hook = _running_package_hook(package_uid)
-    with _sharing.lock:
-        _sharing.package_uids.add(package_uid)
-        if _sharing.sharing:
-            dynamo_ctx.enter_exit_hooks.append(hook)
-            return
-        _sharing.contexts.append((weakref.ref(dynamo_ctx), hook))
-        if len(_sharing.package_uids) < 2:
-            return
-        _sharing.sharing = True
-        contexts, _sharing.contexts = _sharing.contexts, []
-        entries, _sharing.entries = _sharing.entries, []
-    log.debug("a second compile package: packages' models may share entries")
-    for ctx_ref, waiting_hook in contexts:
-        ctx = ctx_ref()
-        if ctx is not None:
-            ctx.enter_exit_hooks.append(waiting_hook)
-    for manager_ref, origin in entries:
-        manager = manager_ref()
-        if manager is not None:
-            _add_note_uses_guard(manager, origin)
-
-
-def _note_uses(guard_manager, origin: _EntryOrigin) -> None:
-    """Give ``guard_manager`` the epilogue guard that lets the package whose
-    model it serves adopt ``origin``'s entry, now or once a second package is
-    made (NOTE: [Entries a package's model uses])."""
-    with _sharing.lock:
-        if not _sharing.sharing:
-            entries = _sharing.entries
-            if len(entries) >= 64 and len(entries) & (len(entries) - 1) == 0:
-                # Drop the managers of entries that are gone (at 64, 128, 256, ...).
-                entries[:] = [(ref, o) for ref, o in entries if ref() is not None]
-            entries.append((weakref.ref(guard_manager), origin))
-            return
-    _add_note_uses_guard(guard_manager, origin)
-
-
-def _add_note_uses_guard(guard_manager, origin: _EntryOrigin) -> None:
-    add = getattr(getattr(guard_manager, "root", None), "add_epilogue_lambda_guard", None)
-    if add is None:
+    try:
+        _entry_origins[guard_manager] = (origin, code)
+    except TypeError:
+        # A guard manager no weak reference reaches: no other package takes it.
         return
-    owner = origin.owner_uid
 
-    def note_package_use(_f_locals) -> bool:
-        stack = getattr(_tls, "running", None)
-        if stack and stack[-1] != owner:
-            running = _packages_by_uid.get(stack[-1])
-            if running is not None:
-                running._adopt(origin)
-        return True
 
-    add(note_package_use, [f"___note_package_use({owner!r})"])
+def _same_cache_key(key, other) -> bool:
+    """Whether the C cache gives entries keyed by ``key`` to a callback keyed
+    by ``other``: the same object, or equal objects of one type (extra_state.cpp's
+    backend_match; two torch.compile()s with one backend and options)."""
+    return key is other or (type(key) is type(other) and bool(key == other))
 
 
 # ---------------------------------------------------------------------------
@@ -800,6 +734,7 @@ class _EntryOrigin:
     frozen: bool
     from_package: bool
     sources: set  # the owner's inlined sources (its live set)
+    cache_key: Any  # the owner's backend as the C cache keys entries (None: unknown)
 
 
 @dataclasses.dataclass
@@ -1131,6 +1066,10 @@ class CompilePackage:
         # Entries of other packages this package's model ran (NOTE: [Entries
         # a package's model uses]), by id.
         self._adopted: set[int] = set()
+        # Whether torch.compile(..., package=self) runs a model (runs_under):
+        # only such a package takes other packages' entries (not aot_compile's,
+        # whose compile runs a copy of its function: _compile_fullgraph).
+        self._runs_a_model = False
         # Frames Dynamo decided not to compile (NOTE: [Frames Dynamo skips]):
         # entries with no bytecode and no guards.
         self.skipped: list[_Entry] = []
@@ -1307,13 +1246,13 @@ class CompilePackage:
     def wrap_backend(self, backend, kind: Optional[str] = None) -> RecordingBackend:
         self.backend = RecordingBackend(backend, kind or backend_kind(backend))
         self.backend.package_uid = self._uid
-        _packages_by_uid[self._uid] = self
         return self.backend
 
     def runs_under(self, dynamo_ctx: Any) -> None:
         """torch.compile(..., package=self) made ``dynamo_ctx``: calls through it
-        run this package's model (NOTE: [Entries a package's model uses])."""
-        _track_running_package(self._uid, dynamo_ctx)
+        run this package's model, which may run other packages' entries that
+        it takes when it is saved (NOTE: [Entries a package's model uses])."""
+        self._runs_a_model = True
 
     def _root_qualnames(self) -> frozenset:
         return frozenset(code.co_qualname for code in self._root_codes())
@@ -1403,7 +1342,11 @@ class CompilePackage:
 
     def _origin(self, entry: _Entry) -> Optional[_EntryOrigin]:
         """What another package needs to hold ``entry`` too; None for an entry
-        no other model may share (a frozen graph holds this model's weights)."""
+        no other model may share (a frozen graph holds this model's weights) and
+        for a frame decision."""
+        if entry.frame_action or not entry.out_code:
+            # A frame decision is not shared (NOTE: [Entries a package's model uses]).
+            return None
         artifacts = [ref[1] for ref in entry.globals.values() if ref[0] == "graph"]
         records = {a: self._graph_records[a] for a in artifacts if a in self._graph_records}
         from_package = id(entry) in self._entries_from_packages
@@ -1421,11 +1364,84 @@ class CompilePackage:
             frozen=False,
             from_package=from_package,
             sources=self.source_info.inlined_sources,
+            cache_key=getattr(self.backend, "_torchdynamo_orig_callable", None),
         )
 
-    def _adopt(self, origin: _EntryOrigin) -> None:
-        """Hold another package's entry too: this package's model ran it (NOTE:
+    def _adopt_shared_entries(self) -> None:
+        """Take the entries of other packages that the C cache gives this
+        package's model, from the live caches of the codes it runs (NOTE:
         [Entries a package's model uses])."""
+        cache_key = getattr(self.backend, "_torchdynamo_orig_callable", None)
+        if not self._runs_a_model or cache_key is None:
+            return
+        try:
+            shared = self._shared_entries(cache_key)
+        except Exception as e:
+            # See NOTE: [A save never loses what it could save]
+            log.debug("finding the entries package %s shares failed", self.path, exc_info=True)
+            self._leave_out(
+                f"torch.compile package {self.path}: entries of other packages that its model "
+                f"may run are not saved: finding them raised {type(e).__name__}: {e}"[:800]
+            )
+            return
+        held = {id(entry) for entry in self.entries}
+        candidates: dict[int, _EntryOrigin] = {}
+        for origin in shared:
+            if id(origin.entry) not in held and id(origin.entry) not in self._adopted:
+                candidates.setdefault(id(origin.entry), origin)
+        if not candidates:
+            return
+        # An entry read from a package was checked when it was first saved.
+        self._entries_from_packages |= {key for key, origin in candidates.items() if origin.from_package}
+        candidate_entries = [origin.entry for origin in candidates.values()]
+        kept, _ = self._resolvable(self.entries + candidate_entries + self.skipped)
+        kept_ids = {id(entry) for entry in kept}
+        for key, origin in candidates.items():
+            if key in kept_ids:
+                self._adopt(origin)
+            else:
+                # Its code cannot be found in a fresh process; the model may
+                # never have run it: not taken, and nothing warned.
+                log.debug(
+                    "package %s does not take the entry of %s: a fresh process could not find its code",
+                    self.path,
+                    _describe_key(origin.entry.code_key),
+                )
+
+    def _shared_entries(self, cache_key) -> list[_EntryOrigin]:
+        """The noted entries of other packages, in the live caches of the codes
+        this package's model runs, that the C cache gives its model."""
+        codes_by_owner: dict[str, set[types.CodeType]] = {}
+        for origin, code in list(_entry_origins.values()):
+            codes_by_owner.setdefault(origin.owner_uid, set()).add(code)
+        codes = set(self._root_codes()) | codes_by_owner.pop(self._uid, set())
+        if self._inline_wrapped_class() is not None:
+            codes.add(_inline_wrapper_code())
+        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        shared: list[_EntryOrigin] = []
+        walked: set[types.CodeType] = set()
+        while codes - walked:
+            code = (codes - walked).pop()
+            walked.add(code)
+            for cache_entry in _debug_get_cache_entry_list(code):
+                noted_entry = _entry_origins.get(cache_entry.guard_manager)
+                if noted_entry is None or noted_entry[0].owner_uid == self._uid:
+                    continue
+                origin = noted_entry[0]
+                if origin.cache_key is None or not _same_cache_key(origin.cache_key, cache_key):
+                    continue
+                if not self._entry_matches(origin.entry, code):
+                    continue
+                shared.append(origin)
+                # The other model's other frames (resume functions, nested
+                # compiled functions) run under this model too.
+                codes |= codes_by_owner.get(origin.owner_uid, set())
+        return shared
+
+    def _adopt(self, origin: _EntryOrigin) -> None:
+        """Hold another package's entry too: this package's model runs its code
+        (NOTE: [Entries a package's model uses])."""
         entry = origin.entry
         if id(entry) in self._adopted or any(held is entry for held in self.entries):
             return
@@ -1438,7 +1454,7 @@ class CompilePackage:
             self._loaded_kernels.update(origin.kernels)
             self._loaded_devices |= origin.devices
         self.source_info.inlined_sources |= origin.sources
-        log.debug("package %s holds entry of %s run by its model", self.path, _describe_key(entry.code_key))
+        log.debug("package %s holds entry of %s, which its model runs", self.path, _describe_key(entry.code_key))
 
     # NOTE: [Frames Dynamo skips]
     # When Dynamo decides not to compile a frame (it compiled nothing: e.g. the
@@ -1576,6 +1592,8 @@ class CompilePackage:
 
     def collect_files(self) -> tuple[dict[str, bytes], dict]:
         """The package's files and manifest, however they are then stored."""
+        # See NOTE: [Entries a package's model uses]
+        self._adopt_shared_entries()
         files: dict[str, bytes] = {}
         graphs_needed: set[str] = set()
         for entry in self.entries:
@@ -2064,7 +2082,7 @@ class CompilePackage:
             loaded.guard_manager = None
             origin = self._origin(loaded.entry)
             if origin is not None:
-                _note_uses(manager, origin)
+                _note_origin(manager, origin, code)
             return GuardedCode(
                 loaded.out_code,
                 manager,
@@ -2216,13 +2234,13 @@ class PackageAwareConvertFrame:
             # (NOTE: [Recording a package's cache entry]).
             DynamoCache.record_package(self.package)
         if len(entries) == before + 1:
-            # The entry this frame's compile recorded: other packages' models
-            # that its guards accept hold it too (NOTE: [Entries a package's model uses]).
+            # The entry this frame's compile recorded: other packages whose
+            # models run its code may take it (NOTE: [Entries a package's model uses]).
             guarded = getattr(result, "guarded_code", result)
             manager = getattr(guarded, "guard_manager", None) or getattr(guarded, "check_fn", None)
             origin = self.package._origin(entries[-1])
             if manager is not None and origin is not None:
-                _note_uses(manager, origin)
+                _note_origin(manager, origin, frame.f_code)
         frame_action = _code_frame_action(result)
         if frame_action:
             self.package.record_skip(frame, frame_action)
@@ -2911,6 +2929,8 @@ def _compile_package_cache_entry(package: CompilePackage) -> _DynamoCacheEntry:
     from torch._dynamo.eval_frame import innermost_fn
     from torch._dynamo.precompile_context import graph_artifact_type, PrecompileContext
 
+    # See NOTE: [Entries a package's model uses]
+    package._adopt_shared_entries()
     codes = _codes_of_entries(package.entries + package.skipped, package._root_qualnames())
     for code in codes:
         for backend_id in code.backend_ids:
