@@ -10,7 +10,9 @@ torch.compiler.set_stance("fail_on_recompile"); outputs and gradients are
 compared, on every rank, with the same model run eagerly under the same
 wrapper (DDP or fully_shard). A DDP model compiled with Inductor trains from
 its package bitwise as it trained when it compiled (NOTE: [Bitwise-equal DDP
-training from a package]).
+training from a package]), and from rank 0's package on every rank: no graph
+holds a collective or a rank's value (NOTE: [One package serves every rank
+under DDP]).
 """
 
 import contextlib
@@ -42,6 +44,10 @@ LONG_TESTS = os.environ.get("TORCH_OVERLAY_LONG_TESTS", "0") == "1"
 COLLECTIVE_TIMEOUT_S = 60
 PHASE_TIMEOUT_S = 240
 PACKAGE = "ddp_net"
+# How generated code or an FX target calling a collective spells it. (Not the
+# bare "c10d": Inductor's wrapper preamble names
+# torch._C._distributed_c10d._SymmetricMemory on every graph.)
+_COLLECTIVES = ("_c10d_functional", "ops.c10d", "all_gather", "reduce_scatter", "all_reduce", "wait_tensor")
 
 
 class _Net(torch.nn.Module):
@@ -134,9 +140,11 @@ def _worker_ddp(args: dict) -> dict:
 
 
 # NOTE: [Bitwise-equal DDP training from a package]
-# The Inductor DDP case trains TRAIN_STEPS steps of SGD twice, in fresh ranks
-# each time: once compiling cold (an empty Inductor cache), saving each rank's
-# package after the run, and once from that package under fail_on_recompile.
+# The Inductor DDP case trains TRAIN_STEPS steps of SGD three times, in fresh
+# ranks each time: once compiling cold (an empty Inductor cache), saving each
+# rank's package after the run, and then from the packages under
+# fail_on_recompile, twice: every rank from its own package, and every rank
+# from rank 0's (NOTE: [One package serves every rank under DDP]).
 # Same seeds, same batches, one OpenMP thread and the same compiled kernels
 # (the package's): every step's loss and the final parameters must be
 # bitwise equal (torch.equal), not merely close. The cold run writes its
@@ -170,7 +178,10 @@ def _worker_ddp_train(args: dict) -> dict:
     rank = _init_rank(args)
     torch.manual_seed(0)
     compiled = torch.compile(_wrap_ddp(_Net()), backend="inductor", package=PACKAGE)
-    prefix = os.path.join(args["prefix"], f"rank{rank}")
+    # A loading rank reads its own package, or the one rank 0 saved
+    # (NOTE: [One package serves every rank under DDP]).
+    source = args.get("load_from")
+    prefix = os.path.join(args["prefix"], f"rank{rank if source is None else source}")
     run = os.path.join(args["prefix"], f"cold_run_rank{rank}.pt")
     result: dict = {"rank": rank}
     if args["phase"] == "save":
@@ -350,9 +361,37 @@ def _run_ranks(case: str, phase: str, workdir: Path, world_size: int = WORLD_SIZ
         return reports(procs)
 
 
+# NOTE: [One package serves every rank under DDP]
+# DDP's communication is not in any graph: the allreduce of each bucket is
+# started by the C++ Reducer (torch/csrc/distributed/c10d/reducer.cpp) from
+# autograd hooks on the parameters' gradient accumulators, outside the
+# compiled frame, and DDPOptimizer only cuts the graph at bucket boundaries so
+# that each piece's backward finishes (and its hooks fire) early. So the split
+# graph calls only its pieces, the pieces' Inductor code calls no collective
+# (no _c10d_functional or c10d op), and nothing a graph computes depends on the
+# rank: the rank reaches the step only as data (each rank's batch) and through
+# the Reducer's process group. The ranks' packages hold the same code: the
+# split graph's and every piece's forward and backward are equal text, which
+# they could not be if a rank's value were a constant in any of them. The
+# frame's guards, too, check nothing rank-specific: rank 1 runs rank 0's
+# package under fail_on_recompile. So on CPU one rank's package serves every
+# rank, and the test loads both ways: each rank its own package, then every
+# rank rank 0's; both train bitwise as each rank's cold run did. (On CUDA the
+# device index is in the guards and in Inductor's code: save per rank there.
+# Not tested: no multi-GPU machine.) Not covered: a rank's value the model's
+# own code traces. Dynamo folds dist.get_rank() and dist.get_world_size()
+# called in a compiled frame into constants with no guard (2.7.1 and 2.13
+# alike), so such a frame's package holds the saving rank's value and no
+# check refuses it on another rank: save those per rank (docs/packages.md,
+# "Compile once for every rank").
+
+
 def _saved_split_graphs(package_dir: Path) -> list[dict]:
     """What each DDPOptimizer split graph saved in a package holds: its pieces'
-    Inductor graphs (forward and backward) and its kernel binaries."""
+    Inductor graphs (forward and backward), its kernel binaries, the code of
+    the split graph and of every piece, and the collectives any of them call."""
+    from torch._dynamo.package_trust import load_graph_pickle
+
     found = []
     for path in sorted((package_dir / "graphs").glob("*.bin")):
         data = path.read_bytes()
@@ -363,8 +402,17 @@ def _saved_split_graphs(package_dir: Path) -> list[dict]:
             continue
         split = pickle.loads(graph["artifacts"])
         pieces = [torch.load(io.BytesIO(blob), weights_only=False) for blob in split["pieces"].values()]
+        code = {"split graph": split["outer"].code}
+        targets = [str(node.target) for node in split["outer"].graph.nodes]
+        for name, piece in zip(split["pieces"], pieces):
+            for field in ("fw_graph", "bw_graph"):
+                code[f"{name} {field}"] = load_graph_pickle(piece[field], field).source_code
         found.append(
             {
+                "code": code,
+                "collectives": sorted(
+                    {op for text in (*code.values(), *targets) for op in _COLLECTIVES if op in text}
+                ),
                 "pieces": len(pieces),
                 "inductor_fw_and_bw": sum(
                     p["backend"] == "inductor" and p["fw_graph"] is not None and p["bw_graph"] is not None
@@ -439,17 +487,28 @@ class TestPackageDistributed(torch._dynamo.test_case.TestCase):
             self.assertEqual(r["pieces_with_entries"], r["pieces"], r)
             self.assertEqual(r["left_out"], [], r)
             self.assertTrue(r["params_moved"], r)  # it trained
+        splits = []
         for rank in range(world_size):
             (split,) = _saved_split_graphs(self.workdir / "ddp_inductor" / f"rank{rank}" / PACKAGE)
-            self.assertEqual(split["pieces"], saved[rank]["pieces"], split)
-            self.assertEqual(split["inductor_fw_and_bw"], split["pieces"], split)
-            self.assertGreaterEqual(split["kernels"], 1, split)
-        loaded = _run_ranks("ddp_train", "load", self.workdir, world_size, prefix=prefix)
-        for r in loaded:
-            self.assertGreaterEqual(r["entries"], 1, r)
-            self.assertEqual(r["pieces_run"], saved[r["rank"]]["pieces"], r)
-            self.assertEqual(r["losses_equal"], [True] * TRAIN_STEPS, r)
-            self.assertEqual(r["params_equal"], [True] * len(r["params_equal"]), r)
+            counts = {k: v for k, v in split.items() if k != "code"}
+            self.assertEqual(split["pieces"], saved[rank]["pieces"], counts)
+            self.assertEqual(split["inductor_fw_and_bw"], split["pieces"], counts)
+            self.assertGreaterEqual(split["kernels"], 1, counts)
+            # NOTE: [One package serves every rank under DDP]
+            self.assertEqual(split["collectives"], [], f"rank {rank}")
+            splits.append(split)
+        for rank, split in enumerate(splits[1:], start=1):
+            for name, code in splits[0]["code"].items():
+                self.assertEqual(split["code"].get(name), code, f"rank {rank}'s {name} against rank 0's")
+        # Each rank its own package, then every rank rank 0's.
+        for load_from in (None, 0):
+            loaded = _run_ranks("ddp_train", "load", self.workdir, world_size, prefix=prefix, load_from=load_from)
+            for r in loaded:
+                where = {"loaded package of rank": load_from, **r}
+                self.assertGreaterEqual(r["entries"], 1, where)
+                self.assertEqual(r["pieces_run"], saved[r["rank"]]["pieces"], where)
+                self.assertEqual(r["losses_equal"], [True] * TRAIN_STEPS, where)
+                self.assertEqual(r["params_equal"], [True] * len(r["params_equal"]), where)
 
     def test_fsdp2_save_and_load_on_every_rank(self):
         prefix = str(self.workdir / "fsdp2")
