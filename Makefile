@@ -17,7 +17,7 @@ DIFF_ARGS ?=
 
 
 .PHONY: agree-overlay-wheel
-.PHONY: venv ext lint test test-overlay test-wheel wheel wheel-venv export export-check export-check-imports status edit refresh clean demo bench-guards bench-load bench-load-serving bench-transformers-first-token bench-calls bench-signing fuzz
+.PHONY: venv ext lint test test-overlay test-wheel wheel wheel-venv export export-check export-check-imports status edit refresh clean demo bench-guards bench-load bench-load-serving bench-transformers-first-token bench-distributed-first-step bench-calls bench-signing fuzz
 .PHONY: valgrind bench-call-instructions check-call-instructions
 
 # Other supported bases (a series in patches/v<BASE>/series; the overlay picks the
@@ -269,6 +269,14 @@ bench-load-serving: venv upstream-venv
 # --archs, --rounds, --out.
 bench-transformers-first-token: venv
 	TORCH_OVERLAY=1 $(PY) benchmarks/transformers_first_token.py $(BENCH_ARGS)
+
+# Spawn to the end of training step 1 on 2 gloo ranks, DDP and FSDP2 (issue 47):
+# eager (overlay off and on), cold Inductor compile, package load (every rank
+# loads rank 0's) and upstream 2.13's Mega-Cache load
+# (benchmarks/distributed_first_step.py, NOTE: [First-step configurations]);
+# BENCH_ARGS takes --jobs, --rounds, --kinds, --upstream-caching-precompile, --out.
+bench-distributed-first-step: venv upstream-venv
+	$(PY) benchmarks/distributed_first_step.py $(BENCH_ARGS)
 
 # Per-call overhead of eager, torch.compile, a loaded package and a loaded
 # aot_compile function, beside upstream 2.13 (benchmarks/call_overhead.py).

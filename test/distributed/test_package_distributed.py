@@ -378,12 +378,10 @@ def _run_ranks(case: str, phase: str, workdir: Path, world_size: int = WORLD_SIZ
 # rank, and the test loads both ways: each rank its own package, then every
 # rank rank 0's; both train bitwise as each rank's cold run did. (On CUDA the
 # device index is in the guards and in Inductor's code: save per rank there.
-# Not tested: no multi-GPU machine.) Not covered: a rank's value the model's
-# own code traces. Dynamo folds dist.get_rank() and dist.get_world_size()
-# called in a compiled frame into constants with no guard (2.7.1 and 2.13
-# alike), so such a frame's package holds the saving rank's value and no
-# check refuses it on another rank: save those per rank (docs/packages.md,
-# "Compile once for every rank").
+# Not tested: no multi-GPU machine.) A rank's value the model's own code
+# traces (dist.get_rank(), dist.get_world_size()) is folded with a guard, so
+# another rank recompiles (test_package_rank_values.py); ProcessGroup.rank()
+# still folds unguarded (docs/packages.md, "Compile once for every rank").
 
 
 def _saved_split_graphs(package_dir: Path) -> list[dict]:
