@@ -15,13 +15,10 @@ holds a collective or a rank's value (NOTE: [One package serves every rank
 under DDP]).
 """
 
-import contextlib
 import copy
 import datetime
-import faulthandler
 import gc
 import io
-import json
 import os
 import pickle
 import stat
@@ -34,7 +31,7 @@ import torch
 import torch._dynamo.test_case
 import torch.distributed as dist
 from torch.testing._internal.common_utils import instantiate_parametrized_tests
-from torch.testing._internal.fresh_process import reports, start_script, write_report
+from torch.testing._internal.fresh_process import rank_worker_main, run_ranks
 
 
 WORLD_SIZE = 2
@@ -304,18 +301,9 @@ _WORKERS = {
 
 
 def _worker_main(argv: list[str]) -> None:
-    args = json.loads(argv[0])
-    # A rank still running shortly before the test gives up on it prints every
-    # thread's stack and exits, so a hang says where it is.
-    faulthandler.dump_traceback_later(PHASE_TIMEOUT_S - 20, exit=True)
-    result = _WORKERS[args["case"]](args)
-    write_report(result)
-    # Every worker ends on a barrier, so its result is final here. The rank then
-    # leaves without tearing gloo down: destroy_process_group() after that barrier
-    # hung one rank of a CI run for minutes (a known gloo teardown hang,
-    # pytorch#75097), and nothing this test checks depends on the teardown.
-    sys.stdout.flush()
-    os._exit(0)
+    # Every worker ends on a barrier, so its result is final when it leaves
+    # (NOTE: [Ranks in fresh processes]).
+    rank_worker_main(argv, lambda args: _WORKERS[args["case"]](args))
 
 
 # ---------------------------------------------------------------------------
@@ -325,40 +313,7 @@ def _worker_main(argv: list[str]) -> None:
 
 def _run_ranks(case: str, phase: str, workdir: Path, world_size: int = WORLD_SIZE, **args) -> list[dict]:
     """Run ``case``'s ``phase`` on ``world_size`` fresh processes; their results."""
-    store = Path(tempfile.mkdtemp(dir=workdir)) / "store"
-    # The ranks of one phase share an empty inductor cache.
-    cache = tempfile.mkdtemp(dir=workdir, prefix="inductor_cache_")
-    # One compile thread: Inductor's parallel compile forks workers, and a fork
-    # after gloo has started its threads can deadlock the child.
-    env = {
-        "TORCHINDUCTOR_CACHE_DIR": cache,
-        "OMP_NUM_THREADS": "1",
-        "TORCHINDUCTOR_COMPILE_THREADS": "1",
-    }
-    with contextlib.ExitStack() as ranks:
-        procs = [
-            ranks.enter_context(
-                start_script(
-                    __file__,
-                    "--worker",
-                    json.dumps(
-                        {
-                            "case": case,
-                            "phase": phase,
-                            "rank": rank,
-                            "world_size": world_size,
-                            "store": str(store),
-                            **args,
-                        }
-                    ),
-                    env=env,
-                    timeout=PHASE_TIMEOUT_S,
-                )
-            )
-            for rank in range(world_size)
-        ]
-        # Process i is rank i; every failed rank's output is in the error.
-        return reports(procs)
+    return run_ranks(__file__, workdir, world_size, PHASE_TIMEOUT_S, case=case, phase=phase, **args)
 
 
 # NOTE: [One package serves every rank under DDP]

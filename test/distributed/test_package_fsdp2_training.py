@@ -33,9 +33,7 @@ packages, as the 2-rank test's fresh job does. (On CUDA the device index is in
 the guards and the generated code: save per rank. Not tested here.)
 """
 
-import contextlib
 import datetime
-import faulthandler
 import io
 import json
 import os
@@ -50,7 +48,7 @@ import torch._dynamo.test_case
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.testing._internal.common_utils import instantiate_parametrized_tests
-from torch.testing._internal.fresh_process import reports, start_script, write_report
+from torch.testing._internal.fresh_process import rank_worker_main, run_ranks
 
 
 # The 4-rank job runs in the nightly workflow only.
@@ -187,16 +185,7 @@ def _worker_train(args: dict) -> dict:
 
 
 def _worker_main(argv: list[str]) -> None:
-    args = json.loads(argv[0])
-    # A rank still running shortly before the test gives up on it prints every
-    # thread's stack and exits, so a hang says where it is.
-    faulthandler.dump_traceback_later(int(args["timeout"]) - 20, exit=True)
-    result = _worker_train(args)
-    write_report(result)
-    # After the final barrier the result is final; leave without tearing gloo
-    # down (its teardown can hang a rank: pytorch#75097).
-    sys.stdout.flush()
-    os._exit(0)
+    rank_worker_main(argv, _worker_train)
 
 
 # ---------------------------------------------------------------------------
@@ -206,42 +195,11 @@ def _worker_main(argv: list[str]) -> None:
 
 def _run_ranks(phase: str, workdir: Path, world_size: int, **args) -> list[dict]:
     """Run ``phase`` on ``world_size`` fresh processes; their reports."""
-    store = Path(tempfile.mkdtemp(dir=workdir)) / "store"
-    # The ranks of one job share an empty inductor cache.
-    cache = tempfile.mkdtemp(dir=workdir, prefix="inductor_cache_")
-    # One compile thread: Inductor's parallel compile forks workers, and a fork
-    # after gloo has started its threads can deadlock the child.
-    env = {
-        "TORCHINDUCTOR_CACHE_DIR": cache,
-        "OMP_NUM_THREADS": "1",
-        "TORCHINDUCTOR_COMPILE_THREADS": "1",
-    }
-    timeout = PHASE_TIMEOUT_S * max(1, world_size // 2)
-    with contextlib.ExitStack() as ranks:
-        procs = [
-            ranks.enter_context(
-                start_script(
-                    __file__,
-                    "--worker",
-                    json.dumps(
-                        {
-                            "phase": phase,
-                            "rank": rank,
-                            "world_size": world_size,
-                            "store": str(store),
-                            "timeout": timeout,
-                            "result_file": str(workdir / f"{phase}_rank{rank}.pt"),
-                            **args,
-                        }
-                    ),
-                    env=env,
-                    timeout=timeout,
-                )
-            )
-            for rank in range(world_size)
-        ]
-        # Process i is rank i; every failed rank's output is in the error.
-        return reports(procs)
+    return run_ranks(
+        __file__, workdir, world_size, PHASE_TIMEOUT_S * max(1, world_size // 2),
+        rank_args=lambda rank: {"result_file": str(workdir / f"{phase}_rank{rank}.pt")},
+        phase=phase, **args,
+    )
 
 
 def _guards(guards_state: bytes) -> tuple:

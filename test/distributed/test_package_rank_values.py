@@ -11,11 +11,7 @@ every collective and on the processes; the package is saved by one job and
 loaded by a FRESH one.
 """
 
-import contextlib
 import datetime
-import faulthandler
-import json
-import os
 import sys
 import tempfile
 import unittest
@@ -24,7 +20,7 @@ from pathlib import Path
 import torch
 import torch._dynamo.test_case
 import torch.distributed as dist
-from torch.testing._internal.fresh_process import reports, start_script, write_report
+from torch.testing._internal.fresh_process import rank_worker_main, run_ranks
 
 
 WORLD_SIZE = 2
@@ -76,36 +72,11 @@ def _worker(args: dict) -> dict:
 
 
 def _worker_main(argv: list[str]) -> None:
-    args = json.loads(argv[0])
-    faulthandler.dump_traceback_later(PHASE_TIMEOUT_S - 20, exit=True)
-    result = _worker(args)
-    write_report(result)
-    # Leave without tearing gloo down (pytorch#75097), as
-    # test_package_distributed.py's workers do.
-    sys.stdout.flush()
-    os._exit(0)
+    rank_worker_main(argv, _worker)
 
 
 def _run_ranks(phase: str, workdir: Path, **args) -> list[dict]:
-    store = Path(tempfile.mkdtemp(dir=workdir)) / "store"
-    env = {
-        "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(dir=workdir, prefix="inductor_cache_"),
-        "OMP_NUM_THREADS": "1",
-    }
-    with contextlib.ExitStack() as ranks:
-        procs = [
-            ranks.enter_context(
-                start_script(
-                    __file__,
-                    "--worker",
-                    json.dumps({"phase": phase, "rank": rank, "store": str(store), **args}),
-                    env=env,
-                    timeout=PHASE_TIMEOUT_S,
-                )
-            )
-            for rank in range(WORLD_SIZE)
-        ]
-        return reports(procs)
+    return run_ranks(__file__, workdir, WORLD_SIZE, PHASE_TIMEOUT_S, phase=phase, **args)
 
 
 @unittest.skipUnless(dist.is_available() and dist.is_gloo_available(), "needs torch.distributed with gloo")

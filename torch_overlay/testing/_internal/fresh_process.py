@@ -340,6 +340,64 @@ def reports(processes: Sequence[FreshProcess]) -> list[Any]:
     return [done.report for done in finished]
 
 
+# NOTE: [Ranks in fresh processes]
+# A distributed test runs each rank as its own fresh process: the test file
+# started again as ``script --worker <json>``, the json holding the rank, the
+# world size, a file store the ranks join through and the phase's timeout (plus
+# what the test passes). The ranks of one phase share an empty inductor cache,
+# one OpenMP thread and one compile thread (Inductor's parallel compile forks,
+# and a fork after gloo has started its threads can deadlock the child). A
+# worker prints every thread's stack and exits shortly before the timeout, so
+# a hang says where it is, and leaves without tearing gloo down once its last
+# barrier passed (a known teardown hang, pytorch#75097).
+
+
+def run_ranks(
+    script: str | os.PathLike[str],
+    workdir: str | os.PathLike[str],
+    world_size: int,
+    timeout: float,
+    rank_args: Any = None,
+    **args: Any,
+) -> list[Any]:
+    """Runs ``script --worker <json>`` once per rank, side by side, and returns
+    the ranks' reports, process i being rank i (NOTE: [Ranks in fresh
+    processes]). ``args`` go to every rank; ``rank_args(rank)``, if given, adds
+    a rank's own."""
+    store = os.path.join(tempfile.mkdtemp(dir=workdir), "store")
+    env = {
+        "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(dir=workdir, prefix="inductor_cache_"),
+        "OMP_NUM_THREADS": "1",
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+    }
+    processes = []
+    try:
+        for rank in range(world_size):
+            worker_args = {
+                "rank": rank, "world_size": world_size, "store": store, "timeout": timeout,
+                **args, **(rank_args(rank) if rank_args is not None else {}),
+            }
+            processes.append(
+                start_script(script, "--worker", json.dumps(worker_args), env=env, timeout=timeout)
+            )
+        return reports(processes)
+    finally:
+        for process in processes:
+            process.__exit__(None, None, None)
+
+
+def rank_worker_main(argv: Sequence[str], worker: Any) -> None:
+    """A rank's process (NOTE: [Ranks in fresh processes]): runs ``worker`` on
+    the json in ``argv[0]``, reports its result and exits at once."""
+    import faulthandler
+
+    args = json.loads(argv[0])
+    faulthandler.dump_traceback_later(float(args["timeout"]) - 20, exit=True)
+    write_report(worker(args))
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def _kill_group(proc: subprocess.Popen[str], even_if_exited: bool = False) -> None:
     # The group id is the child's pid (start_new_session); Linux reuses no pid
     # that still names a process group, so this reaches only the child's own.
