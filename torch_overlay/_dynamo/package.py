@@ -1421,8 +1421,11 @@ class CompilePackage:
 
         shared: list[_EntryOrigin] = []
         walked: set[types.CodeType] = set()
-        while codes - walked:
-            code = (codes - walked).pop()
+        pending = list(codes)
+        while pending:
+            code = pending.pop()
+            if code in walked:
+                continue
             walked.add(code)
             for cache_entry in _debug_get_cache_entry_list(code):
                 noted_entry = _entry_origins.get(cache_entry.guard_manager)
@@ -1436,7 +1439,7 @@ class CompilePackage:
                 shared.append(origin)
                 # The other model's other frames (resume functions, nested
                 # compiled functions) run under this model too.
-                codes |= codes_by_owner.get(origin.owner_uid, set())
+                pending.extend(codes_by_owner.get(origin.owner_uid, ()))
         return shared
 
     def _adopt(self, origin: _EntryOrigin) -> None:
