@@ -1169,55 +1169,68 @@ class TestPackageFormat(PackageTestCase):
         self.assertEqual(leftovers, [])
 
 
-WRAPPER_HEADER = "from torch._inductor.async_compile import AsyncCompile\nasync_compile = AsyncCompile()\n"
-WRAPPER_KERNEL = (
-    "cpp_fused_{i} = async_compile.cpp_pybinding(['float*', 'const int64_t'], '''\n"
-    '#include "/tmp/cache/pb/cpp_prefix.h"\n'
-    'extern "C" void kernel(float* a, const int64_t n) {{ a[0] = {i}; }}\n'
-    "''')\n\n\n"
-)
-WRAPPER_CALL = "def call(args):\n    cpp_fused_0(args[0], 1)\n    return args\n"
+def _gelu_affine(x):
+    return torch.nn.functional.gelu(x * 2.0) + 1.0
 
 
-class TestWrapperKernels(torch._dynamo.test_case.TestCase):
-    """The kernels a graph's wrapper code loads, found by statement or, for code
-    in any other form, by walking the module (NOTE: [Finding a wrapper's kernels])."""
+class TestPackagedGraphKernels(PackageTestCase):
+    """A package holds the CPU kernels Inductor loaded for its graphs, as the
+    prebuilt-kernel hook heard them (NOTE: [Kernels of a packaged graph])."""
 
-    def kernels(self, count):
-        return [
-            (["float*", "const int64_t"], WRAPPER_KERNEL.format(i=i).split("'''")[1])
-            for i in range(count)
-        ]
+    def save(self, name):
+        compiled = torch.compile(_gelu_affine, backend="inductor", package=str(self.tmp / name))
+        x = torch.randn(8)
+        self.assertEqual(compiled(x), _gelu_affine(x))
+        compiled.save_package()
+        torch._dynamo.reset()
+        return self.tmp / name
 
-    @parametrize(
-        "extra,by_statement,extra_kernels",
-        [
-            ("", True, []),
-            # calls not in Inductor's statement form are found by walking the module
-            ("def hidden():\n    return async_compile.cpp_pybinding(['int'], 'int x;')\n", False, [(["int"], "int x;")]),
-            ("k = async_compile.cpp_pybinding(['int'], \"\"\"int x; ''')\"\"\")\n", False, [(["int"], "int x; ''')")]),
-            ("k = async_compile.cpp_pybinding(['int'], 'int x;')\n", False, [(["int"], "int x;")]),
-            # a definition inside a string literal: the statement scan finds it too
-            ('doc = """\nx = async_compile.cpp_pybinding([\'int\'], \'\'\'int y;\'\'\')\n"""\n', True, [(["int"], "int y;")]),
-            ("doc = '''\nx = async_compile.cpp_pybinding(['int'], 'int y;')\n'''\n", False, []),
-        ],
-    )
-    def test_kernels_of_wrapper_code(self, extra, by_statement, extra_kernels):
-        from torch._dynamo.package_artifacts import _kernel_sources, _kernel_sources_by_statement
+    def saved_kernels(self, package):
+        from torch._dynamo.package_trust import load_inductor_payload
 
-        source = WRAPPER_HEADER + "".join(WRAPPER_KERNEL.format(i=i) for i in range(3)) + extra + WRAPPER_CALL
-        self.assertEqual(_kernel_sources_by_statement(source) is not None, by_statement)
-        self.assertEqual(_kernel_sources(source), self.kernels(3) + extra_kernels)
+        listed = []
+        for path in sorted((package / "graphs").iterdir()):
+            data = path.read_bytes()
+            if data[:2] == b"PK":
+                listed.append(load_inductor_payload(data, path.name)["cpp_kernels"])
+        held = sorted(p.stem for p in (package / "kernels").iterdir())
+        return listed, held
 
-    def test_damaged_wrapper_code(self):
-        from torch._dynamo.package_artifacts import _kernel_sources
+    def test_kernels_of_a_compile_and_of_a_cache_hit(self):
+        from torch._inductor.utils import fresh_inductor_cache
 
-        source = WRAPPER_HEADER + WRAPPER_KERNEL.format(i=0) + WRAPPER_CALL
-        self.assertEqual(_kernel_sources(source), self.kernels(1))
-        with self.assertRaises(SyntaxError):
-            _kernel_sources(source.replace("''')", "'')"))
-        # a kernel whose arguments are not literals is not one a package can hold
-        self.assertEqual(_kernel_sources(source.replace("['float*', 'const int64_t']", "argtypes")), [])
+        with fresh_inductor_cache():
+            generated = self.saved_kernels(self.save("generated"))
+            # The same graph again: Inductor reads its code from the FX graph
+            # cache and loads the kernels it already built.
+            from_cache = self.saved_kernels(self.save("from_cache"))
+        listed, held = generated
+        self.assertEqual(len(listed), 1)
+        self.assertGreater(len(listed[0]), 0)
+        self.assertEqual(sorted(listed[0]), held)
+        self.assertEqual(from_cache, generated)
+
+    def test_the_kernel_list_is_checked_at_load(self):
+        from torch._dynamo.package_artifacts import _check_packaged_kernels, _KernelRedirect
+
+        digest = "ab" * 32
+        redirect = _KernelRedirect({digest: "/nonexistent/kernel.so"})
+        _check_packaged_kernels({"cpp_kernels": [digest]}, redirect, "g")
+        for payload, message in [
+            ({}, "has no list of the CPU kernels it loads"),
+            ({"cpp_kernels": [digest, 5]}, "has no list of the CPU kernels it loads"),
+            ({"cpp_kernels": ["cd" * 32]}, "which is not in its package"),
+        ]:
+            with self.assertRaisesRegex(PackageError, message):
+                _check_packaged_kernels(payload, redirect, "g")
+
+    def test_a_kernel_not_on_the_list_is_refused_when_the_graph_loads(self):
+        from torch._dynamo.package_artifacts import _KernelRedirect
+        from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+        redirect = _KernelRedirect({})
+        with self.assertRaisesRegex(PackageError, "which its package does not hold"):
+            redirect.lookup(CppPythonBindingsCodeCache, ["float*"], 'extern "C" void kernel(float* a) {}')
 
 
 # Each torch.compile mode / option of OPTION_CASES on a tiny module: compiled
@@ -1578,7 +1591,6 @@ instantiate_parametrized_tests(TestPackageCallbackChain)
 instantiate_parametrized_tests(TestPackageCompileOptions)
 instantiate_parametrized_tests(TestPackageFormat)
 instantiate_parametrized_tests(TestPackageAndReset)
-instantiate_parametrized_tests(TestWrapperKernels)
 
 
 class TestBytecodeConstants(torch._dynamo.test_case.TestCase):

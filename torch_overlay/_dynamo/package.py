@@ -560,12 +560,16 @@ class RecordingBackend:
         record.frozen_under_no_grad = record.freezing and not torch.is_grad_enabled()
         if self.kind == "inductor":
             from torch._functorch._aot_autograd.autograd_cache import compile_listener
+            from torch._inductor.codecache import prebuilt_cpp_kernels
 
             # The package saves both graphs: compile the backward now (its
-            # cache entry is reported while the listener is installed).
+            # cache entry is reported while the listener is installed, its
+            # kernels as Inductor loads them: NOTE: [Kernels of a packaged graph]).
             with torch._functorch.config.patch(
                 force_non_lazy_backward_lowering=True, **_autograd_cache_default()
-            ), _frozen_compile(record), compile_listener(_AOTCompileListener(record)):
+            ), _frozen_compile(record), compile_listener(
+                _AOTCompileListener(record)
+            ), prebuilt_cpp_kernels(record.note_cpp_kernel):
                 compiled = self.backend(gm, example_inputs, **kwargs)
             if record.frozen is not None:
                 record.frozen.param_sources = {

@@ -37,7 +37,6 @@ redirect that loads packaged CPU kernels instead of compiling them, and
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import copy
 import dataclasses
@@ -495,6 +494,18 @@ class _GraphRecord:
     # What the compile of a frozen graph left behind (NOTE: [Frozen graphs in
     # packages]); filled by package.py's _AOTCompileListener.
     frozen: Optional[_FrozenCapture] = None
+    # The CPU kernels (argument types, C++ source) Inductor loaded while it
+    # compiled the graph (See NOTE: [Kernels of a packaged graph]).
+    cpp_kernels: list = dataclasses.field(default_factory=list)
+
+    def note_cpp_kernel(self, code_cache: type, argtypes: list[str], source_code: str) -> None:
+        """Inductor's prebuilt-kernel lookup while the graph compiles: records
+        each CPU kernel its wrapper code loads, and lets Inductor build it."""
+        from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+        if code_cache is CppPythonBindingsCodeCache:
+            self.cpp_kernels.append((list(argtypes), source_code))
+        return None
 
 
 _CUSTOM_BACKEND = "custom:"
@@ -602,83 +613,19 @@ def _deserialize_custom_graph(payload: dict, name: str = "<graph>"):
         ) from e
 
 
-_CPP_PYBINDING = "cpp_pybinding"
-
-
-# NOTE: [Finding a wrapper's kernels]
-# Inductor's Python wrapper code defines each CPU kernel at module level, one
-# statement per kernel:
-#     cpp_fused_gelu_2 = async_compile.cpp_pybinding(['float*'], '''
-#     <C++ source>
-#     ''')
-# The loader checks every kernel a graph's code loads against its package
-# (and the save reads the same list), so this runs on every load. Parsing the
-# whole module and walking its AST took longer, for a 32-block transformer
-# (8500 lines, 33k nodes), than the rest of the loader together. The
-# statements are found by their text instead and each is parsed alone; when
-# the text does not account for every occurrence of "cpp_pybinding" in the
-# module (a call written any other way, a statement that does not parse on
-# its own), the whole module is walked as before. Both find every
-# cpp_pybinding call the code makes; the text may also find a statement that
-# is inside another's string literal, which only makes the check stricter.
-# Kernels of one shape (the same fused kernel in every block) are defined by
-# the same text under other names: each text is parsed once.
-_KERNEL_DEFINITION = re.compile(r"^[A-Za-z_]\w* = (async_compile\.cpp_pybinding\()", re.MULTILINE)
-_KERNEL_DEFINITION_END = "''')"
-
-
-def _literal_kernel_call(node: ast.AST) -> Optional[tuple[list, str]]:
-    """(argtypes, C++ source) of a ``<x>.cpp_pybinding(argtypes, source)`` call
-    with literal arguments; None for any other node."""
-    if not (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == _CPP_PYBINDING
-        and len(node.args) == 2
-    ):
-        return None
-    try:
-        return ast.literal_eval(node.args[0]), ast.literal_eval(node.args[1])
-    except ValueError:
-        return None
-
-
-def _kernel_sources_by_statement(source_code: str) -> Optional[list[tuple[list, str]]]:
-    """The kernels of a wrapper whose every cpp_pybinding call is a module-level
-    kernel definition in Inductor's form, each call parsed alone; None when the
-    module is written any other way (NOTE: [Finding a wrapper's kernels])."""
-    out = []
-    by_text: dict[str, Optional[tuple[list, str]]] = {}
-    for match in _KERNEL_DEFINITION.finditer(source_code):
-        end = source_code.find(_KERNEL_DEFINITION_END, match.end())
-        if end < 0:
-            return None
-        call = source_code[match.start(1) : end + len(_KERNEL_DEFINITION_END)]
-        if call not in by_text:
-            try:
-                by_text[call] = _literal_kernel_call(ast.parse(call, mode="eval").body)
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
-                return None
-        kernel = by_text[call]
-        if kernel is None or call.count(_CPP_PYBINDING) != 1:
-            return None
-        out.append(kernel)
-    if len(out) != source_code.count(_CPP_PYBINDING):
-        return None
-    return out
-
-
-def _kernel_sources(source_code: str) -> list[tuple[list, str]]:
-    """(argtypes, C++ source) of every CPU kernel a graph's wrapper code loads."""
-    by_statement = _kernel_sources_by_statement(source_code)
-    if by_statement is not None:
-        return by_statement
-    out = []
-    for node in ast.walk(ast.parse(source_code)):
-        kernel = _literal_kernel_call(node)
-        if kernel is not None:
-            out.append(kernel)
-    return out
+# NOTE: [Kernels of a packaged graph]
+# A package carries the shared library of every CPU kernel its Inductor graphs
+# load, and a loaded graph never runs gcc. The list is taken where Inductor
+# makes it: while the package's backend compiles a graph (forward and
+# backward), Inductor's prebuilt-kernel hook (NOTE: [Prebuilt CPU kernels] in
+# torch/_inductor/codecache.py) hears every kernel request the graph's wrapper
+# code makes, whether Inductor generated the code just now or read it from its
+# caches; _GraphRecord.note_cpp_kernel records each and lets Inductor build it
+# as usual. The save writes each kernel's library under its hash and the
+# graph's list of hashes; the load checks that the package holds every kernel
+# on the list, and while the graph is rebuilt the package's redirect answers
+# each request the code makes, refusing one the package does not hold. cpp_wrapper's
+# generated C++ wrapper module is not a kernel: it is built again at load.
 
 
 # Kernels include Inductor's prefix header by its absolute path in the cache dir.
@@ -743,19 +690,22 @@ def _compiled_fx_graph_blob(key: str) -> bytes:
         return f.read()
 
 
-def _kernel_binaries(graph_blob: bytes) -> dict[str, bytes]:
+def _kernel_binaries(record: _GraphRecord) -> dict[str, bytes]:
+    """The shared library of every CPU kernel ``record``'s graphs load, by hash."""
     from torch._inductor.codecache import CppPythonBindingsCodeCache
 
-    graph = pickle.loads(graph_blob)
     binaries = {}
-    for argtypes, source in _kernel_sources(graph.source_code):
+    for argtypes, source in record.cpp_kernels:
+        digest = kernel_hash(argtypes, source)
+        if digest in binaries:
+            continue
         kernel = CppPythonBindingsCodeCache.load_pybinding(argtypes, source)
         module = getattr(kernel, "__self__", None)
         path = getattr(module, "__file__", None)
         if not path or not os.path.exists(path):
             raise PackageError(f"compiled kernel binary for {argtypes} not found")
         with open(path, "rb") as f:
-            binaries[kernel_hash(argtypes, source)] = f.read()
+            binaries[digest] = f.read()
     return binaries
 
 
@@ -833,14 +783,13 @@ def serialize_graph(record: _GraphRecord) -> tuple[bytes, dict[str, bytes]]:
         if entry.compiled_bw is not None
         else None
     )
-    kernels = _kernel_binaries(fw_blob)
-    if bw_blob is not None:
-        kernels.update(_kernel_binaries(bw_blob))
+    kernels = _kernel_binaries(record)
     payload = {
         "entry": _entry_bytes(entry),
         "fw_graph": fw_blob,
         "bw_graph": bw_blob,
         "aot_config": record.aot_config,
+        "cpp_kernels": sorted(kernels),
     }
     return _inductor_artifact(record, payload), kernels
 
@@ -1025,7 +974,9 @@ def _serialize_frozen_graph(record: _GraphRecord) -> tuple[bytes, dict[str, byte
         "aot_config": _aot_config_fields(capture.aot_config),
         "frozen": {**state, "constants": constants, "parameters": _frozen_parameters(record)},
     }
-    return _inductor_artifact(record, payload), _kernel_binaries(fw_blob)
+    kernels = _kernel_binaries(record)
+    payload["cpp_kernels"] = sorted(kernels)
+    return _inductor_artifact(record, payload), kernels
 
 
 def _aot_config_fields(aot_config) -> dict:
@@ -1690,25 +1641,18 @@ def _check_aot_config(fields: dict, name: str) -> None:
 
 
 def _check_packaged_kernels(payload: dict, redirect: _KernelRedirect, name: str) -> None:
-    """Every CPU kernel the graph's code loads is one its package holds."""
-    for field in ("fw_graph", "bw_graph"):
-        if payload.get(field) is None:
-            continue
-        graph = load_graph_pickle(payload[field], f"graph {name} ({field})")
-        source = getattr(graph, "source_code", None)
-        if not isinstance(source, str):
-            raise PackageError(f"packaged graph {name} ({field}) has no source code")
-        try:
-            sources = _kernel_sources(source)
-        except (SyntaxError, ValueError, RecursionError) as e:
-            raise PackageError(f"packaged graph {name} ({field}): damaged source code: {e!r}") from e
-        for argtypes, kernel_source in sources:
-            digest = kernel_hash(argtypes, kernel_source)
-            if digest not in redirect.kernel_paths:
-                raise PackageError(
-                    f"packaged graph {name} ({field}) loads kernel {digest}, which is not "
-                    "in its package (a kernel is never compiled at load)"
-                )
+    """Every CPU kernel the graph's compile loaded is one its package holds;
+    while the graph is rebuilt, the redirect refuses any other (NOTE: [Kernels
+    of a packaged graph])."""
+    digests = payload.get("cpp_kernels")
+    if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
+        raise PackageError(f"packaged graph {name} has no list of the CPU kernels it loads")
+    for digest in digests:
+        if digest not in redirect.kernel_paths:
+            raise PackageError(
+                f"packaged graph {name} loads kernel {digest[:80]}, which is not in its "
+                "package (a kernel is never compiled at load)"
+            )
 
 
 def redirect_to_kernel_binaries(kernels: dict[str, bytes], prefix: str) -> _KernelRedirect:
