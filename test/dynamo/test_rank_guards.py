@@ -1,13 +1,16 @@
 # Owner(s): ["module: dynamo"]
-"""Folded torch.distributed.get_rank(), get_world_size() and is_initialized() are guarded.
+"""Folded torch.distributed.get_rank(), get_world_size() and is_initialized() are
+guarded, and so are ProcessGroup.rank() and size().
 
 One process, a gloo group of one rank; another rank or world size is played
 by the default group ``get_rank()`` and ``get_world_size()`` read (patching
 ``torch.distributed.get_rank`` itself would fail the guard on the function
-object, not the one on its value). test/distributed/test_package_rank_values.py
-runs real ranks.
+object, not the one on its value), or, for a group's own ``rank()`` and
+``size()``, by ProcessGroup's methods patched on the class.
+test/distributed/test_package_rank_values.py runs real ranks.
 """
 
+import contextlib
 import tempfile
 import unittest
 from unittest import mock
@@ -16,7 +19,9 @@ import torch
 import torch._dynamo.test_case
 import torch.distributed as dist
 from torch._dynamo.testing import CompileCounter
+from torch._dynamo.utils import counters
 from torch.distributed import distributed_c10d
+from torch.distributed.device_mesh import init_device_mesh
 
 
 class _DefaultGroup:
@@ -31,23 +36,58 @@ class _DefaultGroup:
 
 
 def _as_rank(rank: int, size: int = 1):
-    return mock.patch.object(distributed_c10d, "_get_default_group", lambda: _DefaultGroup(rank, size))
+    return mock.patch.object(
+        distributed_c10d, "_get_default_group", lambda: _DefaultGroup(rank, size)
+    )
+
+
+@contextlib.contextmanager
+def _as_group_rank(rank: int, size: int = 1):
+    # Every ProcessGroup, so the default group too, whichever way it is reached.
+    with (
+        mock.patch.object(dist.ProcessGroup, "rank", lambda self: rank),
+        mock.patch.object(dist.ProcessGroup, "size", lambda self: size),
+    ):
+        yield
 
 
 def _add_rank_values(x):
     return x + dist.get_rank() + dist.get_world_size()
 
 
-@unittest.skipUnless(dist.is_available() and dist.is_gloo_available(), "needs torch.distributed with gloo")
+def _add_group_rank_values(x):
+    # The default group reached two ways: the group.WORLD global, and the
+    # inlined distributed_c10d._get_default_group().
+    return (
+        x + 10 * dist.group.WORLD.rank() + distributed_c10d._get_default_group().size()
+    )
+
+
+# A DeviceMesh's groups have no source Dynamo can guard on; set in setUp.
+_MESH = None
+
+
+def _add_mesh_group_rank(x):
+    return x + _MESH.get_group().rank()
+
+
+@unittest.skipUnless(
+    dist.is_available() and dist.is_gloo_available(),
+    "needs torch.distributed with gloo",
+)
 class TestRankGuards(torch._dynamo.test_case.TestCase):
     def setUp(self):
         super().setUp()
         self.workdir = tempfile.mkdtemp(prefix="test_rank_guards_")
-        dist.init_process_group("gloo", init_method=f"file://{self.workdir}/store", rank=0, world_size=1)
+        dist.init_process_group(
+            "gloo", init_method=f"file://{self.workdir}/store", rank=0, world_size=1
+        )
 
     def tearDown(self):
         import shutil
 
+        global _MESH
+        _MESH = None
         dist.destroy_process_group()
         shutil.rmtree(self.workdir, ignore_errors=True)
         super().tearDown()
@@ -65,7 +105,9 @@ class TestRankGuards(torch._dynamo.test_case.TestCase):
 
     def test_loaded_guard_compares_the_saved_rank(self):
         x = torch.ones(2)
-        compiled = torch.compile(_add_rank_values, backend="eager", package="rank_guards")
+        compiled = torch.compile(
+            _add_rank_values, backend="eager", package="rank_guards"
+        )
         self.assertEqual(compiled(x), x + 1)
         compiled.save_package(prefix=self.workdir)
         torch._dynamo.reset()
@@ -77,6 +119,61 @@ class TestRankGuards(torch._dynamo.test_case.TestCase):
             with _as_rank(1):
                 with self.assertRaisesRegex(RuntimeError, "fail_on_recompile"):
                     loaded(x)
+
+    def test_another_group_rank_recompiles(self):
+        cnt = CompileCounter()
+        compiled = torch.compile(_add_group_rank_values, backend=cnt)
+        x = torch.ones(2)
+        self.assertEqual(compiled(x), x + 1)
+        with _as_group_rank(5, size=6):
+            self.assertEqual(compiled(x), x + 56)
+        with _as_group_rank(0, size=3):
+            self.assertEqual(compiled(x), x + 3)
+        self.assertEqual(cnt.frame_count, 3)
+
+    def test_loaded_group_guard_compares_the_saved_rank(self):
+        x = torch.ones(2)
+        compiled = torch.compile(
+            _add_group_rank_values, backend="eager", package="group_rank_guards"
+        )
+        self.assertEqual(compiled(x), x + 1)
+        compiled.save_package(prefix=self.workdir)
+        self.assertEqual(compiled._package._unsaveable, [])
+        torch._dynamo.reset()
+        loaded = torch.compile(
+            _add_group_rank_values, backend="eager", package="group_rank_guards"
+        )
+        loaded.load_package(prefix=self.workdir)
+        self.assertGreaterEqual(len(loaded._package._loaded), 1)
+        with torch.compiler.set_stance("fail_on_recompile"):
+            self.assertEqual(loaded(x), x + 1)
+            for rank, size in [(1, 2), (0, 2)]:
+                with _as_group_rank(rank, size):
+                    with self.assertRaisesRegex(RuntimeError, "fail_on_recompile"):
+                        loaded(x)
+
+    def test_group_without_source_graph_breaks_under_a_package(self):
+        global _MESH
+        _MESH = init_device_mesh("cpu", (1,))
+        x = torch.ones(2)
+        # Without a package the mesh's group rank folds, as in torch 2.7.1.
+        counters.clear()
+        cnt = CompileCounter()
+        self.assertEqual(torch.compile(_add_mesh_group_rank, backend=cnt)(x), x)
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(dict(counters["graph_break"]), {})
+        # Under a package no guard could check it: the frame graph-breaks.
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(
+            _add_mesh_group_rank, backend="eager", package="mesh_group_rank"
+        )
+        self.assertEqual(compiled(x), x)
+        breaks = list(counters["graph_break"])
+        self.assertTrue(
+            any("ProcessGroup.rank() under a compile package" in b for b in breaks),
+            breaks,
+        )
 
 
 if __name__ == "__main__":

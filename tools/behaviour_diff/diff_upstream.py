@@ -30,6 +30,15 @@ between overlay and upstream (intended differences recorded in
 ``precompile_probe_expected_differences.json``, any other UNEXPECTED) and
 between overlay and wheel (must be identical, messages included).
 
+In the overlay and upstream-2.13 environments it runs the distributed jobs
+(``distributed_jobs.py``): DDP with Inductor and FSDP2 per block on 2 gloo
+ranks, a cold job that saves, then a fresh job where every rank loads rank 0's
+artifacts (packages on the overlay; Mega-Cache, with and without
+caching_precompile, on 2.13); per job and environment, whether the fresh job
+recompiles, whether its losses are bitwise the cold job's, and whether rank
+0's artifacts serve every rank (NOTE: [Distributed jobs in the behaviour
+diff]).
+
 ``--require-agreement overlay,wheel`` (what ``make agree-overlay-wheel`` runs, and
 ``make test`` with it) exits 1 when the two environments disagree on any test or
 probe decision. ``--junit overlay=PATH`` reads an environment's test outcomes
@@ -80,6 +89,7 @@ EXPECTED_DIFFERENCES = HERE / "guard_probe_expected_differences.json"
 PROBE_RUNNER = HERE / "guard_probe_runner.py"
 PRECOMPILE_PROBES = HERE / "precompile_probes.py"
 PRECOMPILE_EXPECTED_DIFFERENCES = HERE / "precompile_probe_expected_differences.json"
+DISTRIBUTED_JOBS = HERE / "distributed_jobs.py"
 
 ABSENT = "—"
 # Environments are scheduled in this order (--jobs at a time): the long suites first.
@@ -102,6 +112,9 @@ class Environment:
     description: str
     # Whether the guard probe set runs there (it needs guard serialization).
     probes: bool
+    # Whether the distributed jobs run there (NOTE: [Distributed jobs in the
+    # behaviour diff]).
+    distributed: bool = False
 
 
 def default_environments() -> list[Environment]:
@@ -120,6 +133,7 @@ def default_environments() -> list[Environment]:
             {"TORCH_OVERLAY": "1", "TORCH_OVERLAY_EXPECT": "overlay"},
             "torch 2.7.1 + torch_overlay (.venv, TORCH_OVERLAY=1)",
             probes=True,
+            distributed=True,
         ),
         Environment(
             "wheel",
@@ -134,6 +148,7 @@ def default_environments() -> list[Environment]:
             overlay_off,
             "upstream torch 2.13.0 CPU (.venv-upstream)",
             probes=True,
+            distributed=True,
         ),
     ]
 
@@ -456,6 +471,30 @@ def compare_precompile(ours: dict, theirs: dict, expected: dict[str, str], exact
         diff["intended"] = reason is not None
         diff["reason"] = reason
     return out
+
+
+def run_distributed_jobs(environment: Environment, out_dir: Path, timeout: int, reuse: bool) -> dict:
+    """The distributed jobs (distributed_jobs.py) in ``environment``."""
+    job_dir = out_dir / "distributed" / environment.label
+    result_file = job_dir / "distributed_jobs.json"
+    seconds = None
+    if not reuse:
+        shutil.rmtree(job_dir, ignore_errors=True)
+        cmd = [str(environment.python), "-P", str(DISTRIBUTED_JOBS), "--out", str(job_dir), "--label", environment.label]
+        returncode, _, stderr, seconds = run_logged(
+            environment, cmd, timeout, out_dir / "logs" / f"distributed-{environment.label}.log"
+        )
+        if returncode is None:
+            return {"status": "timeout", "detail": stderr, "seconds": seconds}
+        if returncode != 0:
+            return {"status": "failed", "detail": last_line(stderr), "seconds": seconds}
+    if not result_file.exists():
+        return {"status": "failed", "detail": f"no {result_file}"}
+    result = json.loads(result_file.read_text())
+    result["status"] = "ran"
+    if seconds is not None:
+        result["seconds"] = seconds
+    return result
 
 
 def run_probes(environment: Environment, out_dir: Path, timeout: int) -> dict:
@@ -1460,12 +1499,97 @@ def render_sweep(report: dict) -> list[str]:
     return lines
 
 
+# NOTE: [Distributed jobs in the behaviour diff]
+# Issue #47's promise is a training job whose compiled work one rank saves and
+# every rank of the next job reuses. distributed_jobs.py runs that job in each
+# environment with the environment's best path (packages on the overlay;
+# 2.13's Mega-Cache, and Mega-Cache with caching_precompile) and records three
+# things per job: whether the fresh job recompiles (Dynamo graphs traced, FX
+# graph cache misses), whether its per-step losses are bitwise the cold job's
+# on every rank, and what rank 0's artifacts did for each rank (everything
+# served; only Inductor's graphs, Dynamo traced again; or compiled). They are
+# shown side by side, not judged: 2.13 has no way to skip Dynamo's trace for
+# these jobs, which is the difference the table is for.
+
+_SERVED_TEXT = {
+    "all": "everything (nothing traced or compiled)",
+    "inductor": "Inductor's graphs only (Dynamo traced again)",
+    "compiled": "no (Inductor compiled)",
+}
+
+
+def distributed_cells(verdict: dict) -> list[str]:
+    """The table cells of one job in one environment and mode."""
+    if verdict.get("error"):
+        return [f"failed: {md(verdict['error'])}", "", ""]
+    graphs, fx = verdict.get("graphs_traced", []), verdict.get("fxgraph_cache", [])
+    if verdict.get("recompiles"):
+        recompiles = (
+            "yes: Dynamo graphs per rank "
+            + ", ".join(str(n) for n in graphs)
+            + "; FX graph cache hit/miss per rank "
+            + ", ".join(f"{hit}/{miss}" for hit, miss in fx)
+        )
+    else:
+        recompiles = "no"
+        if verdict.get("entries_loaded"):
+            recompiles += " (package entries loaded per rank: " + ", ".join(str(n) for n in verdict["entries_loaded"]) + ")"
+    equal = verdict.get("losses_bitwise_equal") or []
+    if equal and all(equal):
+        losses = "yes, every rank"
+    else:
+        losses = "**NO** on rank " + ", ".join(str(r) for r, same in enumerate(equal) if not same)
+    served = verdict.get("served") or []
+    if served and len(set(served)) == 1:
+        serves = f"every rank: {_SERVED_TEXT.get(served[0], served[0])}"
+    else:
+        serves = "; ".join(f"rank {r}: {_SERVED_TEXT.get(s, s)}" for r, s in enumerate(served))
+    return [recompiles, losses, serves]
+
+
+def render_distributed(report: dict) -> list[str]:
+    """NOTE: [Distributed jobs in the behaviour diff]"""
+    runs = report.get("distributed_jobs") or {}
+    if not runs:
+        return []
+    lines = [
+        "## Distributed jobs: one rank saves, every rank of a fresh job loads",
+        "",
+        "tools/behaviour_diff/distributed_jobs.py: DDP with Inductor (bucket_cap_mb=1, DDPOptimizer "
+        "splits the graph) and FSDP2 with each block compiled, on 2 gloo CPU ranks; a cold job trains "
+        "and rank 0 saves, then a fresh job (new processes, empty Inductor caches) where every rank "
+        "loads rank 0's artifacts trains the same steps.",
+        "",
+        "| job | environment (mode) | fresh job recompiles | losses bitwise = cold job's | "
+        "rank 0's artifacts serve | cold / fresh job s |",
+        "|---|---|---|---|---|---|",
+    ]
+    jobs = sorted({job for run in runs.values() for job in (run.get("jobs") or {})})
+    for label, run in runs.items():
+        if run.get("status") != "ran":
+            lines.append(f"| all | {md(label)} | did not run ({run.get('status')}): {md(run.get('detail', ''))} | | | |")
+    for job in jobs:
+        for label, run in runs.items():
+            if run.get("status") != "ran":
+                continue
+            for mode, verdict in (run.get("jobs") or {}).get(job, {}).items():
+                seconds = f"{verdict.get('cold_seconds')} / {verdict.get('fresh_seconds')}"
+                cells = distributed_cells(verdict)
+                lines.append(f"| {md(job)} | {md(label)} ({md(mode)}) | " + " | ".join(cells) + f" | {seconds} |")
+    steps = {run.get("steps") for run in runs.values() if run.get("status") == "ran"}
+    if steps:
+        lines += ["", f"Steps per job: {', '.join(str(s) for s in sorted(steps))}."]
+    lines.append("")
+    return lines
+
+
 REPORT_SECTIONS = (
     render_header,
     render_summary,
     render_bugs,
     render_disagreements,
     render_precompile,
+    render_distributed,
     render_conformance,
     render_sweep,
     render_guard_versus_upstream,
@@ -1522,6 +1646,12 @@ def make_parser() -> argparse.ArgumentParser:
         "--no-probes", dest="probes", action="store_false", help="skip the guard and precompile probes"
     )
     parser.add_argument(
+        "--no-distributed",
+        dest="distributed",
+        action="store_false",
+        help="skip the distributed jobs (NOTE: [Distributed jobs in the behaviour diff])",
+    )
+    parser.add_argument(
         "--require-agreement",
         type=parse_pairs,
         default=[],
@@ -1564,6 +1694,8 @@ def make_parser() -> argparse.ArgumentParser:
     # tiny Hugging Face models with Inductor: ~4 minutes of an environment's run
     # on a busy 2-core machine, on top of the other probes.
     parser.add_argument("--probe-timeout", type=int, default=1200, help="seconds per environment")
+    # Four 2-rank jobs per mode with cold Inductor compiles (2.13 runs two modes).
+    parser.add_argument("--distributed-timeout", type=int, default=2400, help="seconds per environment")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser
@@ -1597,6 +1729,7 @@ class EnvironmentRuns:
     tests: dict = dataclasses.field(default_factory=dict)
     probes: dict = dataclasses.field(default_factory=dict)
     precompile: dict = dataclasses.field(default_factory=dict)
+    distributed: dict = dataclasses.field(default_factory=dict)
 
 
 def run_environment_tests(args, environment: Environment, runs: EnvironmentRuns) -> None:
@@ -1636,6 +1769,11 @@ def run_environment(args, environment: Environment, runs: EnvironmentRuns) -> No
         run_environment_tests(args, environment, runs)
     if args.probes and environment.probes:
         run_environment_probes(args, environment, runs)
+    if args.distributed and environment.distributed:
+        runs.distributed[label] = run = run_distributed_jobs(
+            environment, args.out, args.distributed_timeout, args.reuse
+        )
+        say(f"[{label}] distributed jobs: {run['status']} ({run.get('seconds', '?')} s) {run.get('detail', '')}")
 
 
 def run_environments(args, environments: list[Environment]) -> EnvironmentRuns:
@@ -1693,6 +1831,7 @@ def main(argv=None) -> int:
     add_precompile_report(report, args, runs.precompile)
     report["conformance"] = load_included_report(args.conformance, "--conformance", "upstream-conformance")
     report["sweep"] = load_included_report(args.sweep, "--sweep", "transformers-sweep-compare")
+    report["distributed_jobs"] = runs.distributed
     (args.out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     (args.out / "report.md").write_text(render_markdown(report))
     print(f"report: {args.out / 'report.md'} ({report['seconds']} s)")
