@@ -1387,9 +1387,26 @@ def graph_for_bytecode(graph: Callable[..., Any]) -> Callable[..., Any]:
 # constant public name, and ``call_method`` only with a name that is not a
 # dunder: a graph value's ``__class__`` or ``__globals__`` would lead out of the
 # graph to any function, which the allow-list exists to refuse. A NumPy call
-# Dynamo traced (``np.sqrt(d_model)`` in CTRL) is a call of its wrapper of the
-# torch._numpy twin of that function: saved as ("numpy", module, qualname) and
-# wrapped again at load, only for a function of torch._numpy.
+# Dynamo traced is a call of one of Dynamo's three NumPy wrappers (see NOTE:
+# [NumPy calls in packaged graphs]).
+#
+# NOTE: [NumPy calls in packaged graphs]
+# Dynamo traces NumPy code into calls of wrapper objects of
+# torch._dynamo.utils, which no namespace names; each is saved as a tag and the
+# name of what it wraps, and wrapped again at load by the loading process's own
+# wrapper class, only around what that name finds in the allow-list:
+#   ("numpy", module, qualname)           numpy_to_tensor_wrapper of the
+#       torch._numpy twin of a NumPy function (``np.sqrt(d_model)`` in CTRL,
+#       ``np.lcm`` in Reformer, ``np.log`` in PEGASUS-X), only for a function of
+#       torch._numpy;
+#   ("numpy_operator", module, qualname)  numpy_operator_wrapper of the operator
+#       an operator on ndarrays calls (``a % b``, ``a / b`` in Reformer's and
+#       PEGASUS-X's position code), only for a function a graph may call itself
+#       (the wrapper only turns tensor arguments into ndarrays first);
+#   ("numpy_method", "ndarray", name)      numpy_method_wrapper of an ndarray
+#       method, only for a name call_method may call (no dunder).
+# Anything else (another tag, a name outside these) is a PackageError at load,
+# and at save a graph holding another wrapper is not saved as data.
 _GRAPH_TARGET_MODULES = ("torch", "operator", "_operator", "math", "builtins")
 _UNSAFE_TARGETS = frozenset(
     {"eval", "exec", "compile", "open", "__import__", "getattr", "setattr", "delattr",
@@ -1402,9 +1419,12 @@ class _NotGraphData(Exception):
 
 
 _ATTRIBUTE_READ = ("builtins", "getattr")
-# The tag of a call of a NumPy function Dynamo traced (torch._dynamo.utils.
-# numpy_to_tensor_wrapper of its torch._numpy twin): ("numpy", module, qualname).
+# The tags of calls of Dynamo's NumPy wrappers (NOTE: [NumPy calls in packaged graphs]).
 _NUMPY_CALL = "numpy"
+_NUMPY_OPERATOR_CALL = "numpy_operator"
+_NUMPY_METHOD_CALL = "numpy_method"
+_NUMPY_CALL_TAGS = (_NUMPY_CALL, _NUMPY_OPERATOR_CALL, _NUMPY_METHOD_CALL)
+_NUMPY_METHOD_OWNER = "ndarray"
 _NUMPY_TWIN_MODULE = "torch._numpy"
 
 
@@ -1416,27 +1436,61 @@ def _numpy_twin_name_allowed(module: str, qualname: str) -> bool:
 
 
 def _numpy_call_target(target) -> Optional[tuple[str, str, str]]:
-    """``target`` as (_NUMPY_CALL, module, qualname) when it is Dynamo's
-    wrapper of a torch._numpy function found again by name; else None."""
-    from torch._dynamo.utils import numpy_to_tensor_wrapper
+    """``target`` as (tag, module, qualname) when it is one of Dynamo's NumPy
+    wrappers around what that name finds again (NOTE: [NumPy calls in packaged
+    graphs]); else None."""
+    from torch._dynamo.utils import (
+        numpy_method_wrapper,
+        numpy_operator_wrapper,
+        numpy_to_tensor_wrapper,
+    )
 
-    if type(target) is not numpy_to_tensor_wrapper:
+    cls = type(target)
+    if cls is numpy_method_wrapper:
+        name = target.method
+        return (_NUMPY_METHOD_CALL, _NUMPY_METHOD_OWNER, name) if _method_name_allowed(name) else None
+    if cls is numpy_to_tensor_wrapper:
+        fn, allowed = target.f, _numpy_twin_name_allowed
+    elif cls is numpy_operator_wrapper:
+        fn, allowed = target.op, _target_module_allowed
+    else:
         return None
-    fn = target.f
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
-    if not (isinstance(module, str) and isinstance(qualname, str)):
-        return None
-    if not _numpy_twin_name_allowed(module, qualname) or _namespace_lookup(module, qualname) is not fn:
-        return None
-    return (_NUMPY_CALL, module, qualname)
+    # A torch._numpy function wrapped by its argument normalizer keeps the
+    # module and name of its implementation, and is found in torch._numpy.
+    module = getattr(fn, "__module__", None)
+    names = (getattr(fn, "__qualname__", None), getattr(fn, "__name__", None))
+    for candidate in (module, _NUMPY_TWIN_MODULE):
+        for qualname in names:
+            if (
+                isinstance(candidate, str)
+                and isinstance(qualname, str)
+                and allowed(candidate, qualname)
+                and _namespace_lookup(candidate, qualname) is fn
+            ):
+                tag = _NUMPY_CALL if cls is numpy_to_tensor_wrapper else _NUMPY_OPERATOR_CALL
+                return (tag, candidate, qualname)
+    return None
 
 
 def _numpy_call_from(target: tuple) -> Any:
-    """Dynamo's wrapper of the torch._numpy function ``target`` names, or None."""
-    from torch._dynamo.utils import numpy_to_tensor_wrapper
+    """Dynamo's NumPy wrapper ``target`` names, made by the loading process's
+    own wrapper class (NOTE: [NumPy calls in packaged graphs]), or None when the
+    tag or the name is not one a packaged graph may call."""
+    from torch._dynamo.utils import (
+        numpy_method_wrapper,
+        numpy_operator_wrapper,
+        numpy_to_tensor_wrapper,
+    )
 
-    _, module, qualname = target
-    if not _numpy_twin_name_allowed(module, qualname):
+    tag, module, qualname = target
+    if tag == _NUMPY_METHOD_CALL:
+        ok = module == _NUMPY_METHOD_OWNER and _method_name_allowed(qualname)
+        return numpy_method_wrapper(qualname) if ok else None
+    if tag == _NUMPY_OPERATOR_CALL:
+        fn = _namespace_lookup(module, qualname) if _target_module_allowed(module, qualname) else None
+        ok = callable(fn) and not isinstance(fn, type)
+        return numpy_operator_wrapper(fn) if ok else None
+    if tag != _NUMPY_CALL or not _numpy_twin_name_allowed(module, qualname):
         return None
     # torch's own NumPy twin, imported by Dynamo only once it traces NumPy: a
     # fixed module, so a package names what is looked up in it, never what is imported.
@@ -1589,7 +1643,7 @@ def _fx_graph_from_data(data, name: str) -> torch.fx.GraphModule:
         if op == "call_function":
             if not (
                 isinstance(target, tuple)
-                and (len(target) == 2 or (len(target) == 3 and target[0] == _NUMPY_CALL))
+                and (len(target) == 2 or (len(target) == 3 and target[0] in _NUMPY_CALL_TAGS))
                 and all(isinstance(t, str) for t in target)
             ):
                 raise PackageError(f"{where}: node {node_name} has a malformed target")
