@@ -166,6 +166,20 @@ CASES = {
             torch.manual_seed(0)
             return f, [(torch.randn(5),), (torch.randn(7),)], dict(backend=BACKEND, dynamic=True)
     """,
+    "random_calls": """
+        import random
+        import torch
+        def f(x):
+            # Dynamo replays these calls before the graph, through a function
+            # it installs as the global __gen_rand_values_<n>.
+            return x * random.uniform(0, b=2) + random.randint(1, 5) + random.randrange(0, 10, 2)
+        # Both the compiled call and eager's draw from the same seed.
+        CALL = lambda fn, args: (random.seed(0), fn(*args))[1]
+        def make():
+            torch.manual_seed(0)
+            x = torch.randn(4)
+            return f, [(x,), (x,)], dict(backend=BACKEND)
+    """,
     "graph_breaks": """
         import torch
         def f(x):
@@ -645,6 +659,13 @@ class TestPackage(PackageTestCase):
         # NOTE: [NumPy calls in packaged graphs]: a NumPy function, an operator
         # on ndarrays and an ndarray method, each saved by what it wraps.
         report = self.save_and_load("numpy_wrappers", backend)
+        self.assertGreaterEqual(report["saved_entries"], 1)
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 2)
+
+    @parametrize("backend", ["eager", "aot_eager"])
+    def test_random_calls_replayed_before_the_graph(self, backend):
+        # NOTE: [Replayed random calls]
+        report = self.save_and_load("random_calls", backend)
         self.assertGreaterEqual(report["saved_entries"], 1)
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 2)
 
@@ -1191,9 +1212,9 @@ class TestPackageFormat(PackageTestCase):
 
 
 class TestTamperedGeneratedCalls(PackageTestCase):
-    """What a package saves of the functions Dynamo generates (its NumPy
-    wrappers) names what they call; a package naming anything else is refused
-    at load, before anything runs."""
+    """What a package saves of the functions Dynamo generates (its replay of
+    random calls, its NumPy wrappers) names what they call; a package naming
+    anything else is refused at load, before anything runs."""
 
     @classmethod
     def setUpClass(cls):
@@ -1246,6 +1267,35 @@ class TestTamperedGeneratedCalls(PackageTestCase):
         with unittest.mock.patch.dict(sys.modules, {"pkg_case": module}):
             spec.loader.exec_module(module)
             CompilePackage(module.f).load(str(package))
+
+    @parametrize(
+        "call",
+        [
+            ("seed", (0,), ()),  # a function of random, not one Dynamo replays
+            ("system", ("echo pwned",), ()),
+            ("uniform", ("0", 1), ()),  # an argument that is not a number
+            ("uniform", (0,), (("b", [1]),)),
+            ("uniform", (0, 1)),  # malformed
+        ],
+    )
+    def test_random_call_of_another_function_is_refused(self, call):
+        case, package = self.saved("random_calls")
+        self.load(case, package)  # untampered, it loads
+
+        def edit(entries):
+            edited = []
+            for fields in entries:
+                refs = dict(fields[4])
+                for name, ref in refs.items():
+                    if ref[0] == "random_values":
+                        refs[name] = ("random_values", (call, *ref[1][1:]))
+                edited.append((*fields[:4], refs, *fields[5:]))
+            self.assertNotEqual(edited, entries)
+            return edited
+
+        self.rewrite(package, "dynamo.bin", edit)
+        with self.assertRaisesRegex(PackageError, "random call|random\\.uniform"):
+            self.load(case, package)
 
     @parametrize(
         "target",

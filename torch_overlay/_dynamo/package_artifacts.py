@@ -293,6 +293,126 @@ _CONSTANT_KINDS: dict[str, tuple[type, ...]] = {
 _MARSHAL_LEAF_TYPES = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis))
 
 
+# NOTE: [Replayed random calls]
+# A frame that calls Python's ``random`` (random.uniform(0, 1) in MusicGen's
+# LayerDrop, evaluated even in eval mode) is traced by Dynamo with each call's
+# value as a graph input: the bytecode calls a function it installs as the
+# global __gen_rand_values_<n> before the graph, which makes the same calls
+# again, in order, and returns their values (OutputGraph.random_calls, the
+# function torch._dynamo.output_graph._get_gen_rand_values_fn makes, under
+# torch._dynamo.disable). That function is a closure, which no name finds
+# again; it is saved as what it is, its list of calls, each as data:
+# (name, args, kwargs) with the name one of the functions of ``random`` that
+# Dynamo replays (random.random, randint, randrange, uniform: methods of the
+# module's shared generator) and the arguments constant ints, floats or bools.
+# A load rebuilds the function (_replay_random_calls, the same loop, under
+# torch._dynamo.disable as Dynamo's) from those calls, each function looked up
+# again in the loading process's ``random``. Saving
+# checks the function is that closure under that disable wrapper and each
+# call is one of those functions, by identity; anything else (a method of a
+# random.Random object Dynamo traced, whose calls replay a captured state)
+# keeps the entry out. Loading refuses, with a PackageError, any other name or
+# argument type before anything runs.
+_RANDOM_FUNCTIONS = ("random", "randint", "randrange", "uniform")
+_RANDOM_ARGUMENT_TYPES = (bool, int, float)
+_MAX_RANDOM_CALLS = 4096
+
+
+def _dynamo_random_values_code() -> Optional[tuple[types.CodeType, types.CodeType]]:
+    """The code of the function Dynamo installs to replay random calls, and of
+    the disable wrapper around it; None before Dynamo has traced anything."""
+    # Taken from the imported module: importing torch._dynamo.output_graph on
+    # its own, before Dynamo's entry points, is a circular import.
+    output_graph = sys.modules.get("torch._dynamo.output_graph")
+    make = getattr(output_graph, "_get_gen_rand_values_fn", None)
+    if make is None:
+        return None
+    inner = make([])
+    return inner.__code__, torch._dynamo.disable(inner).__code__
+
+
+def _replay_random_calls(calls: list) -> Callable[[], list]:
+    """A function making ``calls`` (function, args, kwargs) in order and
+    returning their values: what Dynamo's random-values function does."""
+
+    def replay_random_calls() -> list:
+        return [fn(*args, **kwargs) for fn, args, kwargs in calls]
+
+    return replay_random_calls
+
+
+def random_calls_as_data(value) -> tuple:
+    """The calls Dynamo's random-values function ``value`` replays, as data
+    (NOTE: [Replayed random calls]); a PackageError says why it cannot be saved."""
+    import random
+
+    codes = _dynamo_random_values_code()
+    inner = getattr(value, "__wrapped__", None)
+    if codes is None:
+        raise PackageError("Dynamo has not made a function to replay random calls in this process")
+    inner_code, wrapper_code = codes
+    if not (
+        isinstance(value, types.FunctionType)
+        and value.__code__ is wrapper_code
+        and isinstance(inner, types.FunctionType)
+        and inner.__code__ is inner_code
+        and inner.__closure__ is not None
+        and len(inner.__closure__) == 1
+    ):
+        raise PackageError("it is not the function Dynamo makes to replay random calls")
+    calls = inner.__closure__[0].cell_contents
+    if not isinstance(calls, list):
+        raise PackageError("its random calls are not a list")
+    saved = []
+    for fn, args, kwargs in calls:
+        name = next((n for n in _RANDOM_FUNCTIONS if vars(random).get(n) is fn), None)
+        if name is None:
+            raise PackageError(
+                f"it replays {getattr(fn, '__qualname__', type(fn).__name__)}, not one of the "
+                f"functions of the random module ({', '.join(_RANDOM_FUNCTIONS)})"
+            )
+        values = [*args, *kwargs.values()]
+        if not all(type(v) in _RANDOM_ARGUMENT_TYPES for v in values):
+            raise PackageError(f"it calls random.{name} with an argument that is not an int, float or bool")
+        saved.append((name, tuple(args), tuple(sorted(kwargs.items()))))
+    return tuple(saved)
+
+
+def random_values_function(data, what: str) -> Callable[[], list]:
+    """The function replaying the random calls ``data`` records, built by the
+    loading process (NOTE: [Replayed random calls]); PackageError for a call
+    that is not one of the allowed functions with constant arguments."""
+    import random
+
+    if not (isinstance(data, tuple) and 0 < len(data) <= _MAX_RANDOM_CALLS):
+        raise PackageError(f"{what}: its random calls are malformed")
+    calls = []
+    for call in data:
+        if not (
+            isinstance(call, tuple)
+            and len(call) == 3
+            and isinstance(call[0], str)
+            and isinstance(call[1], tuple)
+            and isinstance(call[2], tuple)
+        ):
+            raise PackageError(f"{what}: a random call is malformed")
+        name, args, kwargs = call
+        if name not in _RANDOM_FUNCTIONS:
+            raise PackageError(
+                f"{what}: a random call names {name[:80]!r}, not one of the functions of the "
+                f"random module a package replays ({', '.join(_RANDOM_FUNCTIONS)})"
+            )
+        if not all(isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str) for kv in kwargs):
+            raise PackageError(f"{what}: the keyword arguments of a call of random.{name} are malformed")
+        if not all(type(v) in _RANDOM_ARGUMENT_TYPES for v in (*args, *(v for _, v in kwargs))):
+            raise PackageError(f"{what}: a call of random.{name} has an argument that is not an int, float or bool")
+        fn = vars(random).get(name)
+        if not callable(fn):
+            raise PackageError(f"{what}: random.{name} is not a function in this process")
+        calls.append((fn, args, dict(kwargs)))
+    return torch._dynamo.disable(_replay_random_calls(calls))
+
+
 def dump_code(code: types.CodeType) -> bytes:
     """``code`` as bytes a package holds (NOTE: [Constants of compiled bytecode]);
     a PackageError names a constant that cannot be saved."""
