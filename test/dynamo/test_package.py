@@ -1836,7 +1836,20 @@ class TestBytecodeConstants(torch._dynamo.test_case.TestCase):
         data = _fx_graph_as_data(gm)
         self.assertIsNotNone(data)
         self.assertEqual(_fx_graph_from_data(data, "g")(torch.ones(2)).tolist(), [2.0, 2.0])
-        for target in (("builtins", "eval"), ("os", "system"), ("torch", "load")):
+        hostile = (
+            ("builtins", "eval"),
+            ("os", "system"),
+            ("torch", "load"),
+            # NOTE: [Modules a graph target is found through]
+            ("torch", "os.system"),  # torch's namespace holds the os module
+            ("torch", "hub.load_state_dict_from_url"),
+            ("torch", "utils.cpp_extension.load_inline"),
+            ("_operator", "attrgetter"),
+            ("_operator", "call"),
+            ("numpy_operator", "torch", "os.system"),
+            ("numpy", "torch._numpy", "_util.torch.os.system"),
+        )
+        for target in hostile:
             with self.subTest(target):
                 nodes = [
                     (op, name, target if op == "call_function" else t, a, k)

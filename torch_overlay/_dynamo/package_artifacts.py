@@ -1527,10 +1527,20 @@ def graph_for_bytecode(graph: Callable[..., Any]) -> Callable[..., Any]:
 #       method, only for a name call_method may call (no dunder).
 # Anything else (another tag, a name outside these) is a PackageError at load,
 # and at save a graph holding another wrapper is not saved as data.
+#
+# NOTE: [Modules a graph target is found through]
+# A target's qualname is looked up attribute by attribute, and a module's
+# namespace holds the modules it imported: ("torch", "os.system") would find
+# os.system, ("torch", "utils.cpp_extension.load_inline") a C++ compiler. Each
+# module a lookup passes through must itself be one a target may come from,
+# so a name never leaves the allowed modules. operator's call, attrgetter and
+# methodcaller are refused like getattr: each reaches, or calls, what a graph
+# value leads to by a name the graph holds (attrgetter("__class__...")).
 _GRAPH_TARGET_MODULES = ("torch", "operator", "_operator", "math", "builtins")
 _UNSAFE_TARGETS = frozenset(
     {"eval", "exec", "compile", "open", "__import__", "getattr", "setattr", "delattr",
-     "globals", "locals", "vars", "input", "breakpoint", "exit", "quit", "help", "load"}
+     "globals", "locals", "vars", "input", "breakpoint", "exit", "quit", "help", "load",
+     "call", "attrgetter", "methodcaller"}
 )
 
 
@@ -1584,8 +1594,7 @@ def _numpy_call_target(target) -> Optional[tuple[str, str, str]]:
             if (
                 isinstance(candidate, str)
                 and isinstance(qualname, str)
-                and allowed(candidate, qualname)
-                and _namespace_lookup(candidate, qualname) is fn
+                and _graph_target_lookup(candidate, qualname, allowed) is fn
             ):
                 tag = _NUMPY_CALL if cls is numpy_to_tensor_wrapper else _NUMPY_OPERATOR_CALL
                 return (tag, candidate, qualname)
@@ -1607,16 +1616,16 @@ def _numpy_call_from(target: tuple) -> Any:
         ok = module == _NUMPY_METHOD_OWNER and _method_name_allowed(qualname)
         return numpy_method_wrapper(qualname) if ok else None
     if tag == _NUMPY_OPERATOR_CALL:
-        fn = _namespace_lookup(module, qualname) if _target_module_allowed(module, qualname) else None
+        fn = _graph_target_lookup(module, qualname, _target_module_allowed)
         ok = callable(fn) and not isinstance(fn, type)
         return numpy_operator_wrapper(fn) if ok else None
-    if tag != _NUMPY_CALL or not _numpy_twin_name_allowed(module, qualname):
+    if tag != _NUMPY_CALL:
         return None
     # torch's own NumPy twin, imported by Dynamo only once it traces NumPy: a
     # fixed module, so a package names what is looked up in it, never what is imported.
     import torch._numpy  # noqa: F401
 
-    fn = _namespace_lookup(module, qualname)
+    fn = _graph_target_lookup(module, qualname, _numpy_twin_name_allowed)
     return numpy_to_tensor_wrapper(fn) if callable(fn) and not isinstance(fn, type) else None
 
 
@@ -1643,6 +1652,23 @@ def _target_module_allowed(module: str, qualname: str) -> bool:
         and not set(qualname.split(".")) & _UNSAFE_TARGETS
         and not module.startswith(("torch.serialization", "torch.hub", "torch.utils.cpp_extension"))
     )
+
+
+def _graph_target_lookup(module: str, qualname: str, allowed: Callable[[str, str], bool]) -> Any:
+    """What ``module.qualname`` finds by _namespace_lookup's dict lookups when
+    ``allowed`` accepts it and every module the lookup passes through, else None
+    (NOTE: [Modules a graph target is found through])."""
+    if not allowed(module, qualname):
+        return None
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        namespace = vars(obj) if isinstance(obj, (types.ModuleType, type)) else None
+        if namespace is None or part not in namespace:
+            return None
+        obj = namespace[part]
+        if isinstance(obj, types.ModuleType) and not (isinstance(obj.__name__, str) and allowed(obj.__name__, qualname)):
+            return None
+    return None if isinstance(obj, types.ModuleType) else obj
 
 
 def _graph_arg_as_data(value):
@@ -1691,11 +1717,11 @@ def _fx_graph_as_data(gm) -> Optional[dict]:
                             for qualname in names
                             if isinstance(candidate, str)
                             and isinstance(qualname, str)
-                            and _namespace_lookup(candidate, qualname) is target
+                            and _graph_target_lookup(candidate, qualname, _target_module_allowed) is target
                         ),
                         None,
                     )
-                if where is None or not _target_module_allowed(*where):
+                if where is None or _graph_target_lookup(*where, _target_module_allowed) is not target:
                     return None
                 target = where
             elif node.op == "get_attr":
@@ -1773,7 +1799,7 @@ def _fx_graph_from_data(data, name: str) -> torch.fx.GraphModule:
             elif len(target) == 3:
                 fn = _numpy_call_from(target)
             else:
-                fn = _namespace_lookup(*target) if _target_module_allowed(*target) else None
+                fn = _graph_target_lookup(*target, _target_module_allowed)
             if fn is None or not callable(fn):
                 raise PackageError(
                     f"{where}: node {node_name} calls {target[-2][:80]}.{target[-1][:80]}, which is "
