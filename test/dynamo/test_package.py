@@ -153,6 +153,33 @@ CASES = {
             torch.manual_seed(0)
             return f, [(torch.randn(4), 8), (torch.randn(6), 9)], dict(backend=BACKEND, dynamic=True)
     """,
+    "numpy_wrappers": """
+        import numpy as np
+        import torch
+        def f(x):
+            # np.arange and np.log: calls of torch._numpy functions; % and /
+            # on ndarrays: calls of operators; .max(): an ndarray method. Each is
+            # a call of one of Dynamo's NumPy wrappers in the graph.
+            pos = np.arange(x.shape[0]) % 3 / 2.0
+            return x * torch.from_numpy(np.log(pos + 1.0)).float() + pos.max() + np.lcm(4, 6)
+        def make():
+            torch.manual_seed(0)
+            return f, [(torch.randn(5),), (torch.randn(7),)], dict(backend=BACKEND, dynamic=True)
+    """,
+    "random_calls": """
+        import random
+        import torch
+        def f(x):
+            # Dynamo replays these calls before the graph, through a function
+            # it installs as the global __gen_rand_values_<n>.
+            return x * random.uniform(0, b=2) + random.randint(1, 5) + random.randrange(0, 10, 2)
+        # Both the compiled call and eager's draw from the same seed.
+        CALL = lambda fn, args: (random.seed(0), fn(*args))[1]
+        def make():
+            torch.manual_seed(0)
+            x = torch.randn(4)
+            return f, [(x,), (x,)], dict(backend=BACKEND)
+    """,
     "graph_breaks": """
         import torch
         def f(x):
@@ -551,10 +578,10 @@ class PackageTestCase(torch._dynamo.test_case.TestCase):
         shutil.rmtree(self.tmp, ignore_errors=True)
         super().tearDown()
 
-    def write_case(self, name, backend, **constants):
+    def write_case(self, name, backend, directory=None, **constants):
         header = "".join(f"{k} = {v!r}\n" for k, v in {"BACKEND": backend, **constants}.items())
         source = header + textwrap.dedent(CASES[name])
-        path = self.tmp / f"case_{name}_{backend}.py"
+        path = (directory or self.tmp) / f"case_{name}_{backend}.py"
         path.write_text(source)
         return path
 
@@ -624,6 +651,21 @@ class TestPackage(PackageTestCase):
         # saves it by that function's name (a fresh process has not imported
         # torch._numpy).
         report = self.save_and_load("numpy_call", backend)
+        self.assertGreaterEqual(report["saved_entries"], 1)
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 2)
+
+    @parametrize("backend", ["eager", "aot_eager"])
+    def test_numpy_wrappers_in_graph(self, backend):
+        # NOTE: [NumPy calls in packaged graphs]: a NumPy function, an operator
+        # on ndarrays and an ndarray method, each saved by what it wraps.
+        report = self.save_and_load("numpy_wrappers", backend)
+        self.assertGreaterEqual(report["saved_entries"], 1)
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 2)
+
+    @parametrize("backend", ["eager", "aot_eager"])
+    def test_random_calls_replayed_before_the_graph(self, backend):
+        # NOTE: [Replayed random calls]
+        report = self.save_and_load("random_calls", backend)
         self.assertGreaterEqual(report["saved_entries"], 1)
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 2)
 
@@ -1169,6 +1211,126 @@ class TestPackageFormat(PackageTestCase):
         self.assertEqual(leftovers, [])
 
 
+class TestTamperedGeneratedCalls(PackageTestCase):
+    """What a package saves of the functions Dynamo generates (its replay of
+    random calls, its NumPy wrappers) names what they call; a package naming
+    anything else is refused at load, before anything runs."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        # Each case is saved once; every test tampers with a copy of it.
+        cls.saved_cases = Path(tempfile.mkdtemp(prefix="package-tamper-"))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.saved_cases, ignore_errors=True)
+        super().tearDownClass()
+
+    def saved(self, name):
+        """The case ``name`` and a copy of its package, saved by a fresh process."""
+        original = self.saved_cases / name
+        case = original / f"case_{name}_eager.py"
+        if not case.exists():
+            original.mkdir()
+            self.write_case(name, "eager", directory=original)
+            saved = self.run_process("save", case, original / "pkg")
+            self.assertEqual(saved["warnings"], [])
+            self.assertGreaterEqual(saved["entries"], 1)
+        package = self.tmp / "pkg"
+        shutil.copytree(original / "pkg", package)
+        return case, package
+
+    def rewrite(self, package, name, edit):
+        """Rewrite the pickle ``name`` of ``package`` (this test's own data) with
+        ``edit``, keeping the manifest's sha256 right, as a forger would."""
+        import hashlib
+        import pickle
+
+        path = package / name
+        data = pickle.dumps(edit(pickle.loads(path.read_bytes())))
+        path.write_bytes(data)
+        manifest = json.loads((package / "manifest.json").read_text())
+        manifest["files"][name] = hashlib.sha256(data).hexdigest()
+        (package / "manifest.json").write_text(json.dumps(manifest))
+
+    def load(self, case, package):
+        """Load ``package`` for the case's function (in this process: a refused
+        load installs nothing)."""
+        import importlib.util
+        import sys
+
+        from torch._dynamo.package import CompilePackage
+
+        spec = importlib.util.spec_from_file_location("pkg_case", case)
+        module = importlib.util.module_from_spec(spec)
+        with unittest.mock.patch.dict(sys.modules, {"pkg_case": module}):
+            spec.loader.exec_module(module)
+            CompilePackage(module.f).load(str(package))
+
+    @parametrize(
+        "call",
+        [
+            ("seed", (0,), ()),  # a function of random, not one Dynamo replays
+            ("system", ("echo pwned",), ()),
+            ("uniform", ("0", 1), ()),  # an argument that is not a number
+            ("uniform", (0,), (("b", [1]),)),
+            ("uniform", (0, 1)),  # malformed
+        ],
+    )
+    def test_random_call_of_another_function_is_refused(self, call):
+        case, package = self.saved("random_calls")
+        self.load(case, package)  # untampered, it loads
+
+        def edit(entries):
+            edited = []
+            for fields in entries:
+                refs = dict(fields[4])
+                for name, ref in refs.items():
+                    if ref[0] == "random_values":
+                        refs[name] = ("random_values", (call, *ref[1][1:]))
+                edited.append((*fields[:4], refs, *fields[5:]))
+            self.assertNotEqual(edited, entries)
+            return edited
+
+        self.rewrite(package, "dynamo.bin", edit)
+        with self.assertRaisesRegex(PackageError, "random call|random\\.uniform"):
+            self.load(case, package)
+
+    @parametrize(
+        "target",
+        [
+            ("numpy_operator", "builtins", "eval"),
+            ("numpy_operator", "os", "system"),
+            ("numpy_method", "ndarray", "__class__"),
+            ("numpy_method", "os", "max"),
+            ("numpy", "os", "system"),
+            ("numpy", "torch._numpy", "load"),
+            ("numpy_other", "torch._numpy", "arange"),
+        ],
+    )
+    def test_numpy_wrapper_of_another_function_is_refused(self, target):
+        case, package = self.saved("numpy_wrappers")
+        self.load(case, package)
+        tags = ("numpy", "numpy_operator", "numpy_method")
+
+        def edit(payload):
+            nodes = payload["graph"]["nodes"]
+            # A call of a wrapper of the same kind (of any, for an unknown tag).
+            index = next(
+                i for i, (op, _, called, _, _) in enumerate(nodes)
+                if op == "call_function" and len(called) == 3 and (called[0] == target[0] or target[0] not in tags)
+            )
+            op, name, _, args, kwargs = nodes[index]
+            nodes[index] = (op, name, target, args, kwargs)
+            return payload
+
+        graph = next((package / "graphs").iterdir())
+        self.rewrite(package, f"graphs/{graph.name}", edit)
+        with self.assertRaisesRegex(PackageError, "not a function a packaged graph may call|malformed target"):
+            self.load(case, package)
+
+
 def _gelu_affine(x):
     return torch.nn.functional.gelu(x * 2.0) + 1.0
 
@@ -1590,6 +1752,7 @@ instantiate_parametrized_tests(TestLoadedGraphCalls)
 instantiate_parametrized_tests(TestPackageCallbackChain)
 instantiate_parametrized_tests(TestPackageCompileOptions)
 instantiate_parametrized_tests(TestPackageFormat)
+instantiate_parametrized_tests(TestTamperedGeneratedCalls)
 instantiate_parametrized_tests(TestPackageAndReset)
 
 
@@ -1685,7 +1848,20 @@ class TestBytecodeConstants(torch._dynamo.test_case.TestCase):
         data = _fx_graph_as_data(gm)
         self.assertIsNotNone(data)
         self.assertEqual(_fx_graph_from_data(data, "g")(torch.ones(2)).tolist(), [2.0, 2.0])
-        for target in (("builtins", "eval"), ("os", "system"), ("torch", "load")):
+        hostile = (
+            ("builtins", "eval"),
+            ("os", "system"),
+            ("torch", "load"),
+            # NOTE: [Modules a graph target is found through]
+            ("torch", "os.system"),  # torch's namespace holds the os module
+            ("torch", "hub.load_state_dict_from_url"),
+            ("torch", "utils.cpp_extension.load_inline"),
+            ("_operator", "attrgetter"),
+            ("_operator", "call"),
+            ("numpy_operator", "torch", "os.system"),
+            ("numpy", "torch._numpy", "_util.torch.os.system"),
+        )
+        for target in hostile:
             with self.subTest(target):
                 nodes = [
                     (op, name, target if op == "call_function" else t, a, k)

@@ -62,6 +62,8 @@ from .package_artifacts import (
     guard_filter_manifest_fields,
     load_code,
     overlay_series_hash,
+    random_calls_as_data,
+    random_values_function,
     serialize_graph,
 )
 from .package_artifacts import SerializedCode  # noqa: F401 (upstream's name)
@@ -710,6 +712,7 @@ class _Entry:
     global_module: str
     # global name -> ("graph", artifact name) | ("resume", code key)
     #              | ("module", module name) | ("named", module, path)
+    #              | ("random_values", calls) (NOTE: [Replayed random calls])
     globals: dict
     # What the bytecode and graphs were derived from: records of
     # torch/_dynamo/package_sources.py (NOTE: [What an entry was derived from]).
@@ -767,6 +770,7 @@ _GLOBAL_REF_FIELDS = {
     "resume": (str, bytes),
     "module": (str,),
     "named": (str, str),
+    "random_values": (tuple,),
 }
 _CODE_KEY_KINDS = ("function", "resume", "inline_wrapper")
 _ARTIFACT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
@@ -936,8 +940,12 @@ def _check_global_refs(entry: _Entry, what: str, live_modules: Optional[set]) ->
         wrong = (
             name.startswith("__compiled_fn") != (kind == "graph")
             or name.startswith("__resume_at_") != (kind == "resume")
+            or name.startswith("__gen_rand_values") != (kind == "random_values")
             or (kind == "module" and name.startswith("__import_") and name != "__import_" + ref[1].replace(".", "_dot_"))
         )
+        if kind == "random_values":
+            # See NOTE: [Replayed random calls]: its calls are checked before anything runs.
+            random_values_function(ref[1], f"{what}: global {name[:80]}")
         if kind == "named":
             module, path = ref[1], ref[2]
             wrong = wrong or not (
@@ -1555,6 +1563,12 @@ class CompilePackage:
                 self.add_resume_function(value.__code__, f_globals.get("__name__"), name)
             elif isinstance(value, types.ModuleType):
                 self.add_import_source(name, value.__name__)
+            elif name.startswith("__gen_rand_values"):
+                # See NOTE: [Replayed random calls]
+                try:
+                    refs[name] = ("random_values", random_calls_as_data(value))
+                except PackageError as e:
+                    raise PackageError(f"global {name}, Dynamo's replay of random calls: {e}") from e
             else:
                 ref = find_stable_name(value)
                 if ref is None:
@@ -2027,6 +2041,9 @@ class CompilePackage:
             elif ref[0] == "resume":
                 fn = types.FunctionType(codes[name], f_globals, ref[1])
                 f_globals[unique] = fn
+                renames[name] = unique
+            elif ref[0] == "random_values":
+                f_globals[unique] = random_values_function(ref[1], f"the entry of {_describe_key(entry.code_key)}")
                 renames[name] = unique
             elif ref[0] == "module":
                 f_globals.setdefault(name, _named_module(ref[1], entry))

@@ -292,6 +292,126 @@ _CONSTANT_KINDS: dict[str, tuple[type, ...]] = {
 _MARSHAL_LEAF_TYPES = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis))
 
 
+# NOTE: [Replayed random calls]
+# A frame that calls Python's ``random`` (random.uniform(0, 1) in MusicGen's
+# LayerDrop, evaluated even in eval mode) is traced by Dynamo with each call's
+# value as a graph input: the bytecode calls a function it installs as the
+# global __gen_rand_values_<n> before the graph, which makes the same calls
+# again, in order, and returns their values (OutputGraph.random_calls, the
+# function torch._dynamo.output_graph._get_gen_rand_values_fn makes, under
+# torch._dynamo.disable). That function is a closure, which no name finds
+# again; it is saved as what it is, its list of calls, each as data:
+# (name, args, kwargs) with the name one of the functions of ``random`` that
+# Dynamo replays (random.random, randint, randrange, uniform: methods of the
+# module's shared generator) and the arguments constant ints, floats or bools.
+# A load rebuilds the function (_replay_random_calls, the same loop, under
+# torch._dynamo.disable as Dynamo's) from those calls, each function looked up
+# again in the loading process's ``random``. Saving
+# checks the function is that closure under that disable wrapper and each
+# call is one of those functions, by identity; anything else (a method of a
+# random.Random object Dynamo traced, whose calls replay a captured state)
+# keeps the entry out. Loading refuses, with a PackageError, any other name or
+# argument type before anything runs.
+_RANDOM_FUNCTIONS = ("random", "randint", "randrange", "uniform")
+_RANDOM_ARGUMENT_TYPES = (bool, int, float)
+_MAX_RANDOM_CALLS = 4096
+
+
+def _dynamo_random_values_code() -> Optional[tuple[types.CodeType, types.CodeType]]:
+    """The code of the function Dynamo installs to replay random calls, and of
+    the disable wrapper around it; None before Dynamo has traced anything."""
+    # Taken from the imported module: importing torch._dynamo.output_graph on
+    # its own, before Dynamo's entry points, is a circular import.
+    output_graph = sys.modules.get("torch._dynamo.output_graph")
+    make = getattr(output_graph, "_get_gen_rand_values_fn", None)
+    if make is None:
+        return None
+    inner = make([])
+    return inner.__code__, torch._dynamo.disable(inner).__code__
+
+
+def _replay_random_calls(calls: list) -> Callable[[], list]:
+    """A function making ``calls`` (function, args, kwargs) in order and
+    returning their values: what Dynamo's random-values function does."""
+
+    def replay_random_calls() -> list:
+        return [fn(*args, **kwargs) for fn, args, kwargs in calls]
+
+    return replay_random_calls
+
+
+def random_calls_as_data(value) -> tuple:
+    """The calls Dynamo's random-values function ``value`` replays, as data
+    (NOTE: [Replayed random calls]); a PackageError says why it cannot be saved."""
+    import random
+
+    codes = _dynamo_random_values_code()
+    inner = getattr(value, "__wrapped__", None)
+    if codes is None:
+        raise PackageError("Dynamo has not made a function to replay random calls in this process")
+    inner_code, wrapper_code = codes
+    if not (
+        isinstance(value, types.FunctionType)
+        and value.__code__ is wrapper_code
+        and isinstance(inner, types.FunctionType)
+        and inner.__code__ is inner_code
+        and inner.__closure__ is not None
+        and len(inner.__closure__) == 1
+    ):
+        raise PackageError("it is not the function Dynamo makes to replay random calls")
+    calls = inner.__closure__[0].cell_contents
+    if not isinstance(calls, list):
+        raise PackageError("its random calls are not a list")
+    saved = []
+    for fn, args, kwargs in calls:
+        name = next((n for n in _RANDOM_FUNCTIONS if vars(random).get(n) is fn), None)
+        if name is None:
+            raise PackageError(
+                f"it replays {getattr(fn, '__qualname__', type(fn).__name__)}, not one of the "
+                f"functions of the random module ({', '.join(_RANDOM_FUNCTIONS)})"
+            )
+        values = [*args, *kwargs.values()]
+        if not all(type(v) in _RANDOM_ARGUMENT_TYPES for v in values):
+            raise PackageError(f"it calls random.{name} with an argument that is not an int, float or bool")
+        saved.append((name, tuple(args), tuple(sorted(kwargs.items()))))
+    return tuple(saved)
+
+
+def random_values_function(data, what: str) -> Callable[[], list]:
+    """The function replaying the random calls ``data`` records, built by the
+    loading process (NOTE: [Replayed random calls]); PackageError for a call
+    that is not one of the allowed functions with constant arguments."""
+    import random
+
+    if not (isinstance(data, tuple) and 0 < len(data) <= _MAX_RANDOM_CALLS):
+        raise PackageError(f"{what}: its random calls are malformed")
+    calls = []
+    for call in data:
+        if not (
+            isinstance(call, tuple)
+            and len(call) == 3
+            and isinstance(call[0], str)
+            and isinstance(call[1], tuple)
+            and isinstance(call[2], tuple)
+        ):
+            raise PackageError(f"{what}: a random call is malformed")
+        name, args, kwargs = call
+        if name not in _RANDOM_FUNCTIONS:
+            raise PackageError(
+                f"{what}: a random call names {name[:80]!r}, not one of the functions of the "
+                f"random module a package replays ({', '.join(_RANDOM_FUNCTIONS)})"
+            )
+        if not all(isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str) for kv in kwargs):
+            raise PackageError(f"{what}: the keyword arguments of a call of random.{name} are malformed")
+        if not all(type(v) in _RANDOM_ARGUMENT_TYPES for v in (*args, *(v for _, v in kwargs))):
+            raise PackageError(f"{what}: a call of random.{name} has an argument that is not an int, float or bool")
+        fn = vars(random).get(name)
+        if not callable(fn):
+            raise PackageError(f"{what}: random.{name} is not a function in this process")
+        calls.append((fn, args, dict(kwargs)))
+    return torch._dynamo.disable(_replay_random_calls(calls))
+
+
 def dump_code(code: types.CodeType) -> bytes:
     """``code`` as bytes a package holds (NOTE: [Constants of compiled bytecode]);
     a PackageError names a constant that cannot be saved."""
@@ -1338,13 +1458,40 @@ def graph_for_bytecode(graph: Callable[..., Any]) -> Callable[..., Any]:
 # constant public name, and ``call_method`` only with a name that is not a
 # dunder: a graph value's ``__class__`` or ``__globals__`` would lead out of the
 # graph to any function, which the allow-list exists to refuse. A NumPy call
-# Dynamo traced (``np.sqrt(d_model)`` in CTRL) is a call of its wrapper of the
-# torch._numpy twin of that function: saved as ("numpy", module, qualname) and
-# wrapped again at load, only for a function of torch._numpy.
+# Dynamo traced is a call of one of Dynamo's three NumPy wrappers (see NOTE:
+# [NumPy calls in packaged graphs]).
+#
+# NOTE: [NumPy calls in packaged graphs]
+# Dynamo traces NumPy code into calls of wrapper objects of
+# torch._dynamo.utils, which no namespace names; each is saved as a tag and the
+# name of what it wraps, and wrapped again at load by the loading process's own
+# wrapper class, only around what that name finds in the allow-list:
+#   ("numpy", module, qualname)           numpy_to_tensor_wrapper of the
+#       torch._numpy twin of a NumPy function (``np.sqrt(d_model)`` in CTRL,
+#       ``np.lcm`` in Reformer, ``np.log`` in PEGASUS-X), only for a function of
+#       torch._numpy;
+#   ("numpy_operator", module, qualname)  numpy_operator_wrapper of the operator
+#       an operator on ndarrays calls (``a % b``, ``a / b`` in Reformer's and
+#       PEGASUS-X's position code), only for a function a graph may call itself
+#       (the wrapper only turns tensor arguments into ndarrays first);
+#   ("numpy_method", "ndarray", name)      numpy_method_wrapper of an ndarray
+#       method, only for a name call_method may call (no dunder).
+# Anything else (another tag, a name outside these) is a PackageError at load,
+# and at save a graph holding another wrapper is not saved as data.
+#
+# NOTE: [Modules a graph target is found through]
+# A target's qualname is looked up attribute by attribute, and a module's
+# namespace holds the modules it imported: ("torch", "os.system") would find
+# os.system, ("torch", "utils.cpp_extension.load_inline") a C++ compiler. Each
+# module a lookup passes through must itself be one a target may come from,
+# so a name never leaves the allowed modules. operator's call, attrgetter and
+# methodcaller are refused like getattr: each reaches, or calls, what a graph
+# value leads to by a name the graph holds (attrgetter("__class__...")).
 _GRAPH_TARGET_MODULES = ("torch", "operator", "_operator", "math", "builtins")
 _UNSAFE_TARGETS = frozenset(
     {"eval", "exec", "compile", "open", "__import__", "getattr", "setattr", "delattr",
-     "globals", "locals", "vars", "input", "breakpoint", "exit", "quit", "help", "load"}
+     "globals", "locals", "vars", "input", "breakpoint", "exit", "quit", "help", "load",
+     "call", "attrgetter", "methodcaller"}
 )
 
 
@@ -1353,9 +1500,12 @@ class _NotGraphData(Exception):
 
 
 _ATTRIBUTE_READ = ("builtins", "getattr")
-# The tag of a call of a NumPy function Dynamo traced (torch._dynamo.utils.
-# numpy_to_tensor_wrapper of its torch._numpy twin): ("numpy", module, qualname).
+# The tags of calls of Dynamo's NumPy wrappers (NOTE: [NumPy calls in packaged graphs]).
 _NUMPY_CALL = "numpy"
+_NUMPY_OPERATOR_CALL = "numpy_operator"
+_NUMPY_METHOD_CALL = "numpy_method"
+_NUMPY_CALL_TAGS = (_NUMPY_CALL, _NUMPY_OPERATOR_CALL, _NUMPY_METHOD_CALL)
+_NUMPY_METHOD_OWNER = "ndarray"
 _NUMPY_TWIN_MODULE = "torch._numpy"
 
 
@@ -1367,33 +1517,66 @@ def _numpy_twin_name_allowed(module: str, qualname: str) -> bool:
 
 
 def _numpy_call_target(target) -> Optional[tuple[str, str, str]]:
-    """``target`` as (_NUMPY_CALL, module, qualname) when it is Dynamo's
-    wrapper of a torch._numpy function found again by name; else None."""
-    from torch._dynamo.utils import numpy_to_tensor_wrapper
+    """``target`` as (tag, module, qualname) when it is one of Dynamo's NumPy
+    wrappers around what that name finds again (NOTE: [NumPy calls in packaged
+    graphs]); else None."""
+    from torch._dynamo.utils import (
+        numpy_method_wrapper,
+        numpy_operator_wrapper,
+        numpy_to_tensor_wrapper,
+    )
 
-    if type(target) is not numpy_to_tensor_wrapper:
+    cls = type(target)
+    if cls is numpy_method_wrapper:
+        name = target.method
+        return (_NUMPY_METHOD_CALL, _NUMPY_METHOD_OWNER, name) if _method_name_allowed(name) else None
+    if cls is numpy_to_tensor_wrapper:
+        fn, allowed = target.f, _numpy_twin_name_allowed
+    elif cls is numpy_operator_wrapper:
+        fn, allowed = target.op, _target_module_allowed
+    else:
         return None
-    fn = target.f
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
-    if not (isinstance(module, str) and isinstance(qualname, str)):
-        return None
-    if not _numpy_twin_name_allowed(module, qualname) or _namespace_lookup(module, qualname) is not fn:
-        return None
-    return (_NUMPY_CALL, module, qualname)
+    # A torch._numpy function wrapped by its argument normalizer keeps the
+    # module and name of its implementation, and is found in torch._numpy.
+    module = getattr(fn, "__module__", None)
+    names = (getattr(fn, "__qualname__", None), getattr(fn, "__name__", None))
+    for candidate in (module, _NUMPY_TWIN_MODULE):
+        for qualname in names:
+            if (
+                isinstance(candidate, str)
+                and isinstance(qualname, str)
+                and _graph_target_lookup(candidate, qualname, allowed) is fn
+            ):
+                tag = _NUMPY_CALL if cls is numpy_to_tensor_wrapper else _NUMPY_OPERATOR_CALL
+                return (tag, candidate, qualname)
+    return None
 
 
 def _numpy_call_from(target: tuple) -> Any:
-    """Dynamo's wrapper of the torch._numpy function ``target`` names, or None."""
-    from torch._dynamo.utils import numpy_to_tensor_wrapper
+    """Dynamo's NumPy wrapper ``target`` names, made by the loading process's
+    own wrapper class (NOTE: [NumPy calls in packaged graphs]), or None when the
+    tag or the name is not one a packaged graph may call."""
+    from torch._dynamo.utils import (
+        numpy_method_wrapper,
+        numpy_operator_wrapper,
+        numpy_to_tensor_wrapper,
+    )
 
-    _, module, qualname = target
-    if not _numpy_twin_name_allowed(module, qualname):
+    tag, module, qualname = target
+    if tag == _NUMPY_METHOD_CALL:
+        ok = module == _NUMPY_METHOD_OWNER and _method_name_allowed(qualname)
+        return numpy_method_wrapper(qualname) if ok else None
+    if tag == _NUMPY_OPERATOR_CALL:
+        fn = _graph_target_lookup(module, qualname, _target_module_allowed)
+        ok = callable(fn) and not isinstance(fn, type)
+        return numpy_operator_wrapper(fn) if ok else None
+    if tag != _NUMPY_CALL:
         return None
     # torch's own NumPy twin, imported by Dynamo only once it traces NumPy: a
     # fixed module, so a package names what is looked up in it, never what is imported.
     import torch._numpy  # noqa: F401
 
-    fn = _namespace_lookup(module, qualname)
+    fn = _graph_target_lookup(module, qualname, _numpy_twin_name_allowed)
     return numpy_to_tensor_wrapper(fn) if callable(fn) and not isinstance(fn, type) else None
 
 
@@ -1420,6 +1603,23 @@ def _target_module_allowed(module: str, qualname: str) -> bool:
         and not set(qualname.split(".")) & _UNSAFE_TARGETS
         and not module.startswith(("torch.serialization", "torch.hub", "torch.utils.cpp_extension"))
     )
+
+
+def _graph_target_lookup(module: str, qualname: str, allowed: Callable[[str, str], bool]) -> Any:
+    """What ``module.qualname`` finds by _namespace_lookup's dict lookups when
+    ``allowed`` accepts it and every module the lookup passes through, else None
+    (NOTE: [Modules a graph target is found through])."""
+    if not allowed(module, qualname):
+        return None
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        namespace = vars(obj) if isinstance(obj, (types.ModuleType, type)) else None
+        if namespace is None or part not in namespace:
+            return None
+        obj = namespace[part]
+        if isinstance(obj, types.ModuleType) and not (isinstance(obj.__name__, str) and allowed(obj.__name__, qualname)):
+            return None
+    return None if isinstance(obj, types.ModuleType) else obj
 
 
 def _graph_arg_as_data(value):
@@ -1468,11 +1668,11 @@ def _fx_graph_as_data(gm) -> Optional[dict]:
                             for qualname in names
                             if isinstance(candidate, str)
                             and isinstance(qualname, str)
-                            and _namespace_lookup(candidate, qualname) is target
+                            and _graph_target_lookup(candidate, qualname, _target_module_allowed) is target
                         ),
                         None,
                     )
-                if where is None or not _target_module_allowed(*where):
+                if where is None or _graph_target_lookup(*where, _target_module_allowed) is not target:
                     return None
                 target = where
             elif node.op == "get_attr":
@@ -1540,7 +1740,7 @@ def _fx_graph_from_data(data, name: str) -> torch.fx.GraphModule:
         if op == "call_function":
             if not (
                 isinstance(target, tuple)
-                and (len(target) == 2 or (len(target) == 3 and target[0] == _NUMPY_CALL))
+                and (len(target) == 2 or (len(target) == 3 and target[0] in _NUMPY_CALL_TAGS))
                 and all(isinstance(t, str) for t in target)
             ):
                 raise PackageError(f"{where}: node {node_name} has a malformed target")
@@ -1550,7 +1750,7 @@ def _fx_graph_from_data(data, name: str) -> torch.fx.GraphModule:
             elif len(target) == 3:
                 fn = _numpy_call_from(target)
             else:
-                fn = _namespace_lookup(*target) if _target_module_allowed(*target) else None
+                fn = _graph_target_lookup(*target, _target_module_allowed)
             if fn is None or not callable(fn):
                 raise PackageError(
                     f"{where}: node {node_name} calls {target[-2][:80]}.{target[-1][:80]}, which is "
