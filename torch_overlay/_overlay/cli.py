@@ -35,8 +35,10 @@ def _status(args) -> int:
         cache = cache / f"torch-{torch_version}-{info['series_hash'][:16]}"
     info["cache"] = str(cache)
     info["cache_built"] = (cache / materialize.MANIFEST).exists()
+    info["groups_served"] = list(series.selected_groups())
     info["patches"] = [
-        {"name": p.name, "subject": p.subject} for p in series.read_series()
+        {"name": p.name, "subject": p.subject, "group": p.group}
+        for p in series.served_series()
     ]
     info["mirrored_modules"] = sorted(series.mirrored_modules())
     info["compat_modules"] = sorted(series.compat_modules())
@@ -47,9 +49,14 @@ def _status(args) -> int:
     print(f"installed torch:  {info['installed_torch']} ({info['torch_location']})")
     print(f"overlay active:   {'yes' if info['active'] else 'no'}")
     print(f"series hash:      {info['series_hash'][:16]}")
+    print(f"groups served:    {', '.join(info['groups_served'])} ({series.GROUPS_ENV})")
     print(f"cache:            {info['cache']} ({'built' if info['cache_built'] else 'not built'})")
     print(f"patches ({len(info['patches'])}, {info['patches_dir']}):")
+    group = None
     for p in info["patches"]:
+        if p["group"] != group:
+            group = p["group"]
+            print(f"  group {group}:")
         print(f"  {p['name']}\n      {p['subject']}")
     print(f"mirrored new modules ({len(info['mirrored_modules'])}):")
     for name in info["mirrored_modules"]:
