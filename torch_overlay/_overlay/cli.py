@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("package", help="sign, verify or inspect a compile package (torch._dynamo.package_trust)")
     p.add_argument("package_args", nargs=argparse.REMAINDER, help="sign|verify|inspect PATH ...")
     p.set_defaults(fn=_package)
-    p = sub.add_parser("rebase-check", help="carry the series onto another torch release and report per patch")
+    p = sub.add_parser("rebase-check", help="carry the series onto another torch release and report per patch and per group")
     p.add_argument("release", nargs="?", help="the torch release to check, e.g. 2.9.1")
     p.add_argument("--matrix", type=Path, nargs="+", metavar="REPORT",
                    help="print one markdown table of these JSON reports instead")
