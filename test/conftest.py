@@ -98,6 +98,29 @@ def _group_test_skips() -> dict[str, str]:
     return skips
 
 
+# NOTE: [A warm save cache per group selection]
+# Inductor keys its caches on torch's files on disk (codecache.torch_key), which
+# the overlay leaves as they are: the whole series and the features alone get the
+# same keys, and one's generated code (importing what only the speed-ups add, e.g.
+# runtime_utils.AssertedInputLayouts) would load into the other. test_package.py's
+# saving side shares a warm cache across runs (PACKAGE_TEST_SAVE_CACHE); with a
+# subset of the groups served it gets its own.
+def pytest_configure(config):
+    if "PACKAGE_TEST_SAVE_CACHE" in os.environ:
+        return
+    try:
+        from torch_overlay._overlay import series
+    except ImportError:
+        return
+    groups = series.selected_groups()
+    if groups != series.GROUPS:
+        import tempfile
+
+        os.environ["PACKAGE_TEST_SAVE_CACHE"] = os.path.join(
+            tempfile.gettempdir(), "package-test-save-cache-" + "-".join(groups)
+        )
+
+
 def _written_test_id(item) -> str:
     """The node id of the test as its file spells it: for a parametrization made
     by instantiate_parametrized_tests, whose function keeps the written name
