@@ -349,7 +349,7 @@ def build(dist_dir: Path, src_dir: Path, work_dir: Path, force: bool = False) ->
     with _timed("download", timings):
         base_wheel = fetch_base_wheel(base, src_dir)
     packed = build_from_base(
-        base_wheel, work_dir, version, epoch, series.read_series(), new_files(), timings
+        base_wheel, work_dir, version, epoch, series.served_series(), new_files(), timings
     )
     if series.series_hash() != series_hash:
         # The files were read after the version was named: a wheel of an edit made

@@ -265,21 +265,34 @@ def check_prefixes(
     prefix_tests: str = "skip-last",
     keep_going: bool = False,
     tests_matching: Optional[str] = None,
+    groups: Optional[list[str]] = None,
 ) -> None:
     """Check every prefix of the series ``git am``'d in ``repo`` (NOTE: [Bisecting
     the export]); raise OverlayError naming the first that fails (with
     ``keep_going``, every one that fails, after checking them all). With
     ``tests_matching`` (a regex), only prefixes whose commit subject matches it
-    run their tests; the others are import-checked."""
+    run their tests; the others are import-checked. ``groups``: each commit's
+    series group (NOTE: [Series groups]), reported per group."""
     torch_root, _ = importer.find_torch()
     commits = workflow.git(
         ["rev-list", "--reverse", f"{workflow.BASE_TAG}..HEAD"], repo
     ).split()
+    if groups is not None and len(groups) != len(commits):
+        raise OverlayError(
+            f"the exported series lists {len(groups)} commits, the repository has "
+            f"{len(commits)}"
+        )
+    group_of = groups or [series.GROUPS[0]] * len(commits)
     modules: list[str] = []
     failures: list[str] = []
+    failed_groups: dict[str, int] = {}
     compat_linked = False
     for index, commit in enumerate(commits):
         started = time.monotonic()
+        if index == 0 or group_of[index] != group_of[index - 1]:
+            log.info(
+                "export_bisect: group %s from prefix %d on", group_of[index], index + 1
+            )
         added = _added_files(repo, commit)
         _checkout(repo, commit, added)
         link_binaries(torch_root / "torch", repo / "torch")
@@ -311,13 +324,22 @@ def check_prefixes(
         except OverlayError as e:
             if not keep_going:
                 raise
-            failures.append(str(e))
+            failures.append(f"[{group_of[index]}] {e}")
+            failed_groups[group_of[index]] = failed_groups.get(group_of[index], 0) + 1
             log.error("export_bisect: %s", e)
             continue
         log.info(
             "export_bisect: prefix %d: ok (%.0f s)",
             index + 1,
             time.monotonic() - started,
+        )
+    for group in dict.fromkeys(group_of):
+        count = group_of.count(group)
+        log.info(
+            "export_bisect: group %s: %d of %d prefixes ok",
+            group,
+            count - failed_groups.get(group, 0),
+            count,
         )
     if failures:
         raise OverlayError("prefixes that fail:\n  " + "\n  ".join(failures))

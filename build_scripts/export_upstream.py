@@ -282,6 +282,11 @@ class ExportCommit:
     summary: str
 
     @property
+    def group(self) -> str:
+        """The series group of its patches (NOTE: [Series groups])."""
+        return self.patches[0].patch.group
+
+    @property
     def tests(self) -> list[str]:
         return sorted(rel for rel in self.files["tests"] if rel.endswith(".py"))
 
@@ -353,8 +358,10 @@ def load_ownership(
 # extension that attaches CInterpreter.serialize at import torch). The overlay
 # and the wheel apply it like any patch; the export leaves it out, so neither
 # the exported commits nor export-check's prefix bisection ever see it. It owns
-# no new files, and it comes after every exported patch, so that each exported
-# prefix is exactly what the overlay tested up to that point.
+# no new files, and it comes after every exported patch of its series group
+# (NOTE: [Series groups]), so that each exported prefix of a group is what the
+# overlay tested up to that point; a later group's prefixes get the compat
+# layer's C++ bindings from export_bisect.py (NOTE: [Bisecting the export]).
 def _check_compat_declaration(path: Path, name: str, fields: dict) -> None:
     if fields[COMPAT_FIELD] is not True:
         raise OverlayError(
@@ -377,21 +384,26 @@ def compat_patch_names(path: Path) -> set[str]:
     return {name for name, fields in patches.items() if fields.get(COMPAT_FIELD)}
 
 
-def exported_patches(patches: list[series.Patch], compat: set[str]) -> list[series.Patch]:
-    """``patches`` without the compat ones, which must all come last."""
-    unknown = sorted(compat - {p.name for p in patches})
+def exported_patches(
+    patches: list[series.Patch], compat: set[str], all_names: set[str] | None = None
+) -> list[series.Patch]:
+    """``patches`` without the compat ones, which must come last in their group.
+    ``all_names``: every patch of the series (``patches`` may be some groups)."""
+    unknown = sorted(compat - (all_names or {p.name for p in patches}))
     if unknown:
         raise OverlayError(
             f"{OWNERSHIP_FILE} marks {unknown} compat, which the series does not list"
         )
-    names = [p.name for p in patches]
-    first_compat = min((names.index(n) for n in compat), default=len(names))
-    late = [n for n in names[first_compat:] if n not in compat]
-    if late:
-        raise OverlayError(
-            f"{late} come after the compat patch {names[first_compat]} in the series; "
-            "compat patches (never exported) must be the last ones"
-        )
+    for group in series.GROUPS:
+        names = [p.name for p in patches if p.group == group]
+        first_compat = min((names.index(n) for n in compat if n in names), default=len(names))
+        late = [n for n in names[first_compat:] if n not in compat]
+        if late:
+            raise OverlayError(
+                f"{late} come after the compat patch {names[first_compat]} in the "
+                f"series group {group}; compat patches (never exported) must be the "
+                "last ones of their group"
+            )
     return [p for p in patches if p.name not in compat]
 
 
@@ -459,14 +471,19 @@ def group_commits(
     request together, a patch citing no pull request alone."""
     commits: list[ExportCommit] = []
     for info in infos:
-        if info.pr is not None and commits and commits[-1].pr == info.pr:
+        if (
+            info.pr is not None
+            and commits
+            and commits[-1].pr == info.pr
+            and commits[-1].group == info.patch.group
+        ):
             commits[-1].patches.append(info)
         else:
             if info.pr is not None and any(c.pr == info.pr for c in commits):
                 raise OverlayError(
                     f"{info.patch.name} belongs to pytorch#{info.pr}, whose other patches "
-                    "are not right before it in the series: a pull request is one commit, "
-                    "so its patches must be consecutive"
+                    "are not right before it in the series (or are in another group): a "
+                    "pull request is one commit, so its patches must be consecutive"
                 )
             commits.append(
                 ExportCommit(info.pr, [info], {k: {} for k in FILE_KINDS}, "", "")
@@ -492,12 +509,38 @@ def group_commits(
 
 
 def plan_export(directory: Path | None = None) -> list[ExportCommit]:
-    """The export's commits, from the series, its ownership file and the new files."""
+    """The export's commits, from the series (the groups it serves: NOTE: [Series
+    groups]), its ownership file and the new files."""
     path = ownership_file(directory)
-    patches = exported_patches(series.read_series(directory), compat_patch_names(path))
+    every = {p.name for p in series.read_series(directory)}
+    served = series.served_series(directory)
+    patches = exported_patches(served, compat_patch_names(path), every)
     declared, pr_fields = load_ownership(path)
-    owned = assign_files(declared, [p.name for p in patches], exportable_files())
+    # A group left out (TORCH_OVERLAY_GROUPS) takes its patches' new files with it.
+    left_out = every - {p.name for p in served}
+    dropped = _files_of(declared, left_out)
+    declared = {name: kinds for name, kinds in declared.items() if name not in left_out}
+    available = {
+        kind: {rel: src for rel, src in files.items() if (kind, rel) not in dropped}
+        for kind, files in exportable_files().items()
+    }
+    pr_fields = {
+        pr: fields
+        for pr, fields in pr_fields.items()
+        if any(read_patch_info(p).pr == pr for p in patches) or not left_out
+    }
+    owned = assign_files(declared, [p.name for p in patches], available)
     return group_commits([read_patch_info(p) for p in patches], owned, pr_fields)
+
+
+def _files_of(declared: dict[str, dict[str, list[str]]], names: set[str]) -> set[tuple[str, str]]:
+    """``(kind, path)`` of every new file export.toml gives the patches ``names``."""
+    return {
+        (kind, rel)
+        for name in names
+        for kind, paths in declared.get(name, {}).items()
+        for rel in paths
+    }
 
 
 def _copy_new_files(repo: Path, files: dict[str, Path]) -> None:
@@ -617,7 +660,11 @@ def _readme(names: list[str], base: str, commits: list[ExportCommit]) -> str:
         "",
         "Commits:",
     ]
+    group = None
     for name, commit in zip(names, commits):
+        if commit.group != group:
+            group = commit.group
+            lines.append(f"  group {group}: {series.GROUP_DESCRIPTIONS[group]}")
         pr = f"pytorch#{commit.pr}" if commit.pr else "no upstream PR"
         lines.append(f"    {name}  ({pr})")
     return "\n".join(lines) + "\n"
@@ -661,8 +708,10 @@ def export(out: Path) -> list[Path]:
             (out / name).write_text(text)
     base = series.base_version()
     (out / "series").write_text(
-        f"# git am series for pytorch v{base}, generated by export_upstream.py\n"
-        + "".join(f"{name}\n" for name in names)
+        series.format_series(
+            f"git am series for pytorch v{base}, generated by export_upstream.py",
+            [(name, commit.group) for name, commit in zip(names, commits)],
+        )
     )
     (out / "README.txt").write_text(_readme(names, base, commits))
     log.info("export_upstream: wrote %d commits to %s", len(names), out)
@@ -815,6 +864,12 @@ def main(argv: list[str] | None = None) -> int:
                     args.prefix_tests,
                     args.keep_going,
                     tests_matching=args.prefix_tests_matching,
+                    groups=[
+                        p.group
+                        for p in series.read_series(
+                            (args.export_dir or args.out).resolve()
+                        )
+                    ],
                 )
     except OverlayError as e:
         log.error("export_upstream: FAILED: %s", e)

@@ -60,6 +60,67 @@ def _base_test_skips() -> dict[str, str]:
         return dict(tomllib.load(f).get("skip", {}))
 
 
+# NOTE: [Tests of groups not served]
+# TORCH_OVERLAY_GROUPS=features serves the series without its speed-ups (NOTE:
+# [Series groups] in torch_overlay/_overlay/series.py). The test files a left-out
+# patch owns (patches/v<primary base>/export.toml; the compat patches own none,
+# so theirs are named here) test what it adds, and are skipped naming it.
+_COMPAT_PATCH_TESTS = {
+    "dynamo-Backport-recursive-dict-tags-skip-unchanged-module-subtrees.patch": [
+        "test/overlay/test_dict_tag_guards.py",
+    ],
+}
+
+
+def _group_test_skips() -> dict[str, str]:
+    try:
+        from torch_overlay._overlay import series
+    except ImportError:
+        return {}
+    groups = series.selected_groups()
+    if groups == series.GROUPS:
+        return {}
+    import tomllib
+
+    ownership = series.REPO_ROOT / "patches" / f"v{series.base_version()}" / "export.toml"
+    with open(ownership, "rb") as f:
+        declared = tomllib.load(f).get("patches", {})
+    skips = {}
+    for patch in series.read_series(series.patches_dir()):
+        if patch.group in groups:
+            continue
+        tests = [*declared.get(patch.name, {}).get("tests", []), *_COMPAT_PATCH_TESTS.get(patch.name, [])]
+        for rel in tests:
+            skips[rel] = (
+                f"{series.GROUPS_ENV}={','.join(groups)}: the {patch.group} patch "
+                f"{patch.name!r} that this tests is not served"
+            )
+    return skips
+
+
+# NOTE: [A warm save cache per group selection]
+# Inductor keys its caches on torch's files on disk (codecache.torch_key), which
+# the overlay leaves as they are: the whole series and the features alone get the
+# same keys, and one's generated code (importing what only the speed-ups add, e.g.
+# runtime_utils.AssertedInputLayouts) would load into the other. test_package.py's
+# saving side shares a warm cache across runs (PACKAGE_TEST_SAVE_CACHE); with a
+# subset of the groups served it gets its own.
+def pytest_configure(config):
+    if "PACKAGE_TEST_SAVE_CACHE" in os.environ:
+        return
+    try:
+        from torch_overlay._overlay import series
+    except ImportError:
+        return
+    groups = series.selected_groups()
+    if groups != series.GROUPS:
+        import tempfile
+
+        os.environ["PACKAGE_TEST_SAVE_CACHE"] = os.path.join(
+            tempfile.gettempdir(), "package-test-save-cache-" + "-".join(groups)
+        )
+
+
 def _written_test_id(item) -> str:
     """The node id of the test as its file spells it: for a parametrization made
     by instantiate_parametrized_tests, whose function keeps the written name
@@ -71,7 +132,7 @@ def _written_test_id(item) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    skips = _base_test_skips()
+    skips = {**_base_test_skips(), **_group_test_skips()}
     if not skips:
         return
     for item in items:

@@ -480,6 +480,7 @@ class TestEditRefresh(TestCase):
     def test_edit_then_refresh_reproduces_the_series_and_records_new_work(self):
         work = self.tmp / "work"
         before = {p.name: p.read_bytes() for p in self.patches.iterdir()}
+        shutil.copyfile(self.patches / "series", self.tmp / "series-before")
         self.cli("edit", str(work))
         log = self.git("log", "--format=%s", cwd=work).splitlines()
         self.assertEqual(len(log), 1 + len(series.series_names(self.patches)))
@@ -500,6 +501,15 @@ class TestEditRefresh(TestCase):
         # export ownership file, which refresh leaves alone)
         self.assertEqual(len(names), len([n for n in before if n.endswith(".patch")]) + 1)
         self.assertEqual(names[-1], "dynamo-Add-an-edit-probe.patch")
+        # ...in the group of the commit before it, the last (NOTE: [Series groups]);
+        # the other patches keep theirs
+        groups = series.series_groups(self.patches)
+        self.assertEqual(list(groups), list(series.GROUPS))
+        self.assertEqual(groups[series.GROUPS[-1]][-1], "dynamo-Add-an-edit-probe.patch")
+        self.assertEqual(
+            dict(series.parse_series((self.tmp / "series-before").read_text())),
+            {n: g for n, g in series.parse_series((self.patches / "series").read_text()) if n in before},
+        )
 
         # refusing to refresh over uncommitted work loses nothing
         hooks.write_text(hooks.read_text() + "\nUNCOMMITTED = 1\n")

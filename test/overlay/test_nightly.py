@@ -15,6 +15,7 @@ Skipped where torch_overlay is not importable (the patched wheel's own venv).
 """
 
 import csv
+import dataclasses
 import difflib
 import hashlib
 import importlib
@@ -336,7 +337,8 @@ class TestRebaseCheck(TestCase):
     def series(self) -> tuple[list, dict[str, str], dict[str, str]]:
         """A base "release", a target "release" and a series of six patches:
         clean, offset, conflict, upstream (reverse-applies), upstream (lines present)
-        and one on top of the clean one."""
+        and one on top of the clean one; the first three are the features group,
+        the others the speed-ups (NOTE: [Series groups])."""
         base = {f"torch/{n}.py": _numbered(n) for n in ("clean", "moved", "clash", "done", "present")}
         target = dict(base)
         target["torch/moved.py"] = "import os\nimport sys\n\n" + base["torch/moved.py"]
@@ -362,6 +364,7 @@ class TestRebaseCheck(TestCase):
                 "torch/present.py", "present_5 = 5\n", "present_5 = 5\npresent_extra = 'upstream'\n")[0]]),
             _write_patch(self.tmp, "6-on-top.patch", [on_top_diff]),
         ]
+        patches[3:] = [dataclasses.replace(p, group="speed-ups") for p in patches[3:]]
         return patches, base, target
 
     def test_each_patch_is_classified(self):
@@ -454,23 +457,43 @@ class TestRebaseCheck(TestCase):
              ("torch._dynamo.package", True, ["torch/_dynamo/package.py"])],
         )
         self.assertEqual(data["target_wheel_sha256"], _sha256(wheels["9.9.9"]))
+        # Per group: how many of its patches carry cleanly, and how many conflict.
+        self.assertEqual(
+            data["groups"],
+            {
+                "features": {"patches": 3, "clean": 1, "offset": 1, "conflict": 1, "upstream": 0},
+                "speed-ups": {"patches": 3, "clean": 1, "offset": 0, "conflict": 0, "upstream": 2},
+            },
+        )
+        self.assertEqual([p["group"] for p in data["patches"]], ["features"] * 3 + ["speed-ups"] * 3)
         table = report.table()
+        self.assertIn("group features (3 patches): 1 clean, 1 offset, 1 conflict, 0 upstream\n", table)
+        self.assertIn("group speed-ups (3 patches): 1 clean, 0 offset, 0 conflict, 2 upstream\n", table)
         self.assertIn(
             "2 clean, 1 offset, 1 conflict, 2 upstream; 1 of 2 mirrored modules collide; "
             "1 conflicting hunk(s): 1 same-lines, 0 adjacent, 0 insert-beside",
             table,
         )
         self.assertRegex(table, r"(?m)^torch/_dynamo/package\.py +collides +torch 9\.9\.9 has it \(differs\)$")
-        self.assertIn("| `3-conflict.patch` | conflict | torch/clash.py (1 hunk(s)) |", report.markdown())
-        older = {**data, "target": "1.10.0", "modules": [], "patches": data["patches"][:1]}
+        markdown = report.markdown()
+        self.assertIn("| `3-conflict.patch` | conflict | torch/clash.py (1 hunk(s)) |", markdown)
+        self.assertIn(
+            "| **group speed-ups** |  |  |\n| `4-upstream.patch` | upstream | reverse-applies |",
+            markdown,
+        )
+        # A report from before the groups: its patches carry no group.
+        older_patches = [{k: v for k, v in p.items() if k != "group"} for p in data["patches"][:1]]
+        older = {**data, "target": "1.10.0", "modules": [], "patches": older_patches}
         self.assertEqual(
             rebase_check.matrix_markdown([data, older]).splitlines(),
             [
                 "| patch / mirrored module | torch 1.10.0 | torch 9.9.9 |",
                 "|---|---|---|",
+                "| **group features** | | |",
                 "| `1-clean.patch` | clean | clean |",
                 "| `2-offset.patch` | - | offset: 1 hunk(s) at other lines |",
                 "| `3-conflict.patch` | - | conflict: 1 hunk(s) in 1 file(s) |",
+                "| **group speed-ups** | | |",
                 "| `4-upstream.patch` | - | upstream (reverse-applies) |",
                 "| `5-present.patch` | - | upstream (every added line present) |",
                 "| `6-on-top.patch` | - | clean |",

@@ -100,10 +100,16 @@ class TestSupportedBases(TestCase):
             with unittest.mock.patch.dict(os.environ, {"TORCH_OVERLAY_PATCHES_DIR": ""}):
                 names = workflow.refresh(work, directory=out, base="9.9.9")
             self.assertEqual(names, ["dynamo-Change-a.patch"])
+            text = (out / "series").read_text()
+            self.assertTrue(
+                text.startswith(
+                    "# torch_overlay patch series against torch 9.9.9; applied in order.\n"
+                )
+            )
+            # A patch of a new series is a feature (NOTE: [Series groups]).
+            self.assertIn("# group: features\n", text)
             self.assertEqual(
-                (out / "series").read_text(),
-                "# torch_overlay patch series against torch 9.9.9; applied in order.\n"
-                "dynamo-Change-a.patch\n",
+                series.parse_series(text), [("dynamo-Change-a.patch", "features")]
             )
 
 

@@ -35,8 +35,10 @@ def _status(args) -> int:
         cache = cache / f"torch-{torch_version}-{info['series_hash'][:16]}"
     info["cache"] = str(cache)
     info["cache_built"] = (cache / materialize.MANIFEST).exists()
+    info["groups_served"] = list(series.selected_groups())
     info["patches"] = [
-        {"name": p.name, "subject": p.subject} for p in series.read_series()
+        {"name": p.name, "subject": p.subject, "group": p.group}
+        for p in series.served_series()
     ]
     info["mirrored_modules"] = sorted(series.mirrored_modules())
     info["compat_modules"] = sorted(series.compat_modules())
@@ -47,9 +49,14 @@ def _status(args) -> int:
     print(f"installed torch:  {info['installed_torch']} ({info['torch_location']})")
     print(f"overlay active:   {'yes' if info['active'] else 'no'}")
     print(f"series hash:      {info['series_hash'][:16]}")
+    print(f"groups served:    {', '.join(info['groups_served'])} ({series.GROUPS_ENV})")
     print(f"cache:            {info['cache']} ({'built' if info['cache_built'] else 'not built'})")
     print(f"patches ({len(info['patches'])}, {info['patches_dir']}):")
+    group = None
     for p in info["patches"]:
+        if p["group"] != group:
+            group = p["group"]
+            print(f"  group {group}:")
         print(f"  {p['name']}\n      {p['subject']}")
     print(f"mirrored new modules ({len(info['mirrored_modules'])}):")
     for name in info["mirrored_modules"]:
@@ -152,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("package", help="sign, verify or inspect a compile package (torch._dynamo.package_trust)")
     p.add_argument("package_args", nargs=argparse.REMAINDER, help="sign|verify|inspect PATH ...")
     p.set_defaults(fn=_package)
-    p = sub.add_parser("rebase-check", help="carry the series onto another torch release and report per patch")
+    p = sub.add_parser("rebase-check", help="carry the series onto another torch release and report per patch and per group")
     p.add_argument("release", nargs="?", help="the torch release to check, e.g. 2.9.1")
     p.add_argument("--matrix", type=Path, nargs="+", metavar="REPORT",
                    help="print one markdown table of these JSON reports instead")

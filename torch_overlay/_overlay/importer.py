@@ -41,8 +41,8 @@ from .errors import (
 from .series import (
     base_version,
     patches_dir,
-    read_series,
     served_new_modules,
+    served_series,
     series_hash,
     supported_bases,
 )
@@ -324,7 +324,7 @@ def activate() -> OverlayFinder:
             return _active_finder
         torch_root, torch_version = find_torch()
         base = check_torch_version(torch_version, str(torch_root / "torch"))
-        patches = read_series(patches_dir(base))
+        patches = served_series(patches_dir(base))
         tree = _materialize.materialize(
             torch_root, torch_version, series_hash(base=base), patches=patches
         )

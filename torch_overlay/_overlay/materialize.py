@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import OverlayError, PatchApplyError
-from .series import Patch, read_series
+from .series import Patch, served_series
 
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def materialize(
 
     ``torch_root`` is the directory holding the installed ``torch/`` package.
     """
-    patches = read_series() if patches is None else patches
+    patches = served_series() if patches is None else patches
     cache_root = cache_root or default_cache_root()
     final = cache_root / f"torch-{torch_version}-{series_hash[:16]}"
     if not force:

@@ -162,6 +162,7 @@ class PatchResult:
     status: str  # one of STATUSES
     how: str
     files: list[FileResult]
+    group: str = series.GROUPS[0]  # its series group (NOTE: [Series groups])
 
 
 @dataclasses.dataclass
@@ -190,6 +191,16 @@ class RebaseReport:
         counts["module_collisions"] = sum(m.collides for m in self.modules)
         return counts
 
+    def group_summary(self) -> dict[str, dict[str, int]]:
+        """Per series group (NOTE: [Series groups]), in series order: how many
+        patches it has and how many of them carry with each of STATUSES."""
+        groups: dict[str, dict[str, int]] = {}
+        for p in self.patches:
+            counts = groups.setdefault(p.group, {"patches": 0, **dict.fromkeys(STATUSES, 0)})
+            counts["patches"] += 1
+            counts[p.status] += 1
+        return groups
+
     def to_json(self) -> dict:
         return {
             "format": REPORT_FORMAT,
@@ -199,12 +210,17 @@ class RebaseReport:
             "target_wheel": self.target_wheel,
             "target_wheel_sha256": self.target_wheel_sha256,
             "summary": self.summary(),
+            "groups": self.group_summary(),
             "patches": [dataclasses.asdict(p) for p in self.patches],
             "modules": [dataclasses.asdict(m) for m in self.modules],
         }
 
-    def _rows(self) -> list[tuple[str, str, str]]:
-        rows = [(p.name, p.status, p.how) for p in self.patches]
+    def _rows(self, group_rows: bool = False) -> list[tuple[str, str, str]]:
+        rows = []
+        for i, p in enumerate(self.patches):
+            if group_rows and (i == 0 or p.group != self.patches[i - 1].group):
+                rows.append((f"**group {p.group}**", "", ""))
+            rows.append((p.name, p.status, p.how))
         for m in self.modules:
             if m.collides:
                 state = "identical" if m.identical else "differs"
@@ -226,16 +242,28 @@ class RebaseReport:
             f"hunk(s): " + ", ".join(f"{kinds[k]} {k}" for k in HUNK_KINDS)
         )
 
+    def _group_lines(self) -> list[str]:
+        return [
+            f"group {group} ({counts['patches']} patches): "
+            + ", ".join(f"{counts[s]} {s}" for s in STATUSES)
+            for group, counts in self.group_summary().items()
+        ]
+
     def table(self) -> str:
         rows = self._rows()
         width = max([len(r[0]) for r in rows] + [5])
-        lines = [self._headline(), f"{'patch':<{width}}  {'status':<9}  detail"]
+        lines = [self._headline(), *self._group_lines(), f"{'patch':<{width}}  {'status':<9}  detail"]
         lines += [f"{name:<{width}}  {status:<9}  {how}" for name, status, how in rows]
         return "\n".join(lines) + "\n"
 
     def markdown(self) -> str:
-        lines = [self._headline(), "", "| patch / module | status | detail |", "|---|---|---|"]
-        lines += [f"| `{name}` | {status} | {how} |" for name, status, how in self._rows()]
+        lines = [self._headline(), ""]
+        lines += [f"- {line}" for line in self._group_lines()]
+        lines += ["", "| patch / module | status | detail |", "|---|---|---|"]
+        lines += [
+            f"| {name} | {status} | {how} |" if name.startswith("**") else f"| `{name}` | {status} | {how} |"
+            for name, status, how in self._rows(group_rows=True)
+        ]
         return "\n".join(lines) + "\n"
 
 
@@ -263,8 +291,17 @@ def matrix_markdown(reports: list[dict]) -> str:
     header = "| patch / mirrored module | " + " | ".join(f"torch {r['target']}" for r in reports) + " |"
     lines = [header, "|---" * (len(reports) + 1) + "|"]
     by_release = [{p["name"]: p for p in r["patches"]} for r in reports]
+    # Reports before the series had groups carry none: their patches are features.
+    group_of = {}
+    for r in reports:
+        for p in r["patches"]:
+            group_of[p["name"]] = p.get("group", series.GROUPS[0])
+    grouped = any("group" in p for r in reports for p in r["patches"])
     names = list(dict.fromkeys(p["name"] for r in reports for p in r["patches"]))
-    for name in names:
+    names.sort(key=lambda n: series.GROUPS.index(group_of[n]))
+    for i, name in enumerate(names):
+        if grouped and (i == 0 or group_of[name] != group_of[names[i - 1]]):
+            lines.append(f"| **group {group_of[name]}** |" + " |" * len(reports))
         cells = [_cell(patches[name]) if name in patches else "-" for patches in by_release]
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     modules = [{m["path"]: m for m in r["modules"]} for r in reports]
@@ -499,7 +536,10 @@ def carry_series(patches: list[series.Patch], base_tree: Path, target_tree: Path
     """Carry every patch, in order, from ``base_tree`` onto ``target_tree`` (both
     modified in place)."""
     with tempfile.TemporaryDirectory(prefix="rebase-merge-") as work:
-        return [carry_patch(p, base_tree, target_tree, target, Path(work)) for p in patches]
+        results = [carry_patch(p, base_tree, target_tree, target, Path(work)) for p in patches]
+    for patch, result in zip(patches, results):
+        result.group = patch.group
+    return results
 
 
 # ---------------------------------------------------------------------------
@@ -563,7 +603,7 @@ def check_release(
     return RebaseReport(
         base=series.base_version(),
         target=target,
-        series_hash=series.series_hash(),
+        series_hash=series.series_hash(groups=series.GROUPS),
         patches=results,
         modules=module_results,
         target_wheel=target_wheel.name,

@@ -107,11 +107,38 @@ def extension_build_dir(base: str) -> Path:
     return REPO_ROOT / "build" / "ext" / f"torch-{base}" / "torch_overlay" / "compat"
 
 
+# NOTE: [Series groups]
+# A series is two groups, in this order, each marked by a `# group: NAME` line
+# before its first patch:
+#   features:  what the precompile features need to be correct (guard
+#              serialization, packages, aot_compile, functorch interpreter
+#              serialization, the AOTAutograd listener...) and the bug fixes they
+#              bring; the part bound for upstream, and the part a port to the next
+#              torch release must carry.
+#   speed-ups: what only makes import, load or a compiled call faster (lazy
+#              imports, one-wrapper runtime graphs, per-call shortcuts); optional,
+#              applied on top of the features and never needed by them.
+# Patches before any marker are features. Each group builds and passes its tests
+# at every prefix (the upstream export's bisect), so the features alone are a
+# working torch: TORCH_OVERLAY_GROUPS=features makes the overlay, the patched
+# wheel and the export serve only them. `refresh` keeps each patch in its group
+# and puts a new patch in the group of the patch before it in the edit tree, so a
+# new feature commit goes before the first speed-up commit there.
+GROUPS = ("features", "speed-ups")
+GROUP_DESCRIPTIONS = {
+    "features": "what the precompile features need, and bug fixes: bound for upstream",
+    "speed-ups": "only faster import, load or calls: optional, after the features",
+}
+GROUPS_ENV = "TORCH_OVERLAY_GROUPS"
+_GROUP_MARKER = re.compile(r"^#\s*group:\s*(\S+)")
+
+
 @dataclasses.dataclass(frozen=True)
 class Patch:
     name: str
     path: Path
     subject: str
+    group: str = GROUPS[0]
 
 
 def _read_subject(path: Path) -> str:
@@ -135,31 +162,104 @@ def read_subject_text(text: str) -> str:
     return "(no subject)"
 
 
-def series_names(directory: Path | None = None) -> list[str]:
-    """Patch names in ``series`` order (quilt format: one a line, ``#`` comments)."""
+def parse_series(text: str, where: str = "series") -> list[tuple[str, str]]:
+    """``(name, group)`` of every patch of series text, in order (quilt format: one
+    a line, ``#`` comments; NOTE: [Series groups] for the ``# group:`` lines)."""
+    entries = []
+    group, seen = GROUPS[0], []
+    for raw in text.splitlines():
+        marker = _GROUP_MARKER.match(raw.strip())
+        if marker:
+            group = marker.group(1)
+            if group not in GROUPS:
+                raise OverlayError(
+                    f"{where}: unknown group {group!r} (groups: {', '.join(GROUPS)})"
+                )
+            if seen and GROUPS.index(group) <= GROUPS.index(seen[-1]):
+                raise OverlayError(
+                    f"{where}: group {group!r} comes after {seen[-1]!r}; each group is "
+                    f"marked once, in the order {', '.join(GROUPS)}"
+                )
+            seen.append(group)
+            continue
+        name = raw.split("#", 1)[0].strip()
+        if name:
+            entries.append((name, group))
+    return entries
+
+
+def format_series(header: str, entries: list[tuple[str, str]]) -> str:
+    """Series text: ``header`` (comment lines), then each group's marker (with its
+    description) and patches; the inverse of :func:`parse_series`."""
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    group = None
+    for name, entry_group in entries:
+        if entry_group != group:
+            group = entry_group
+            lines += [f"# group: {group}", f"#   {GROUP_DESCRIPTIONS[group]}"]
+        lines.append(name)
+    return "\n".join(lines) + "\n"
+
+
+def _series_entries(directory: Path | None = None) -> list[tuple[str, str]]:
     series_file = (directory or patches_dir()) / "series"
     if not series_file.exists():
         return []
-    names = []
-    for raw in series_file.read_text().splitlines():
-        name = raw.split("#", 1)[0].strip()
-        if name:
-            names.append(name)
-    return names
+    return parse_series(series_file.read_text(), where=str(series_file))
 
 
-def read_series(directory: Path | None = None) -> list[Patch]:
-    """The patches of ``series``, in order; a listed patch that is missing is an error."""
+def series_names(directory: Path | None = None) -> list[str]:
+    """Patch names in ``series`` order, every group."""
+    return [name for name, _ in _series_entries(directory)]
+
+
+def series_groups(directory: Path | None = None) -> dict[str, list[str]]:
+    """Group -> its patch names, in series order (groups without patches left out)."""
+    groups: dict[str, list[str]] = {}
+    for name, group in _series_entries(directory):
+        groups.setdefault(group, []).append(name)
+    return groups
+
+
+def selected_groups() -> tuple[str, ...]:
+    """The groups the overlay, the patched wheel and the export serve: every group,
+    or the first ones that ``TORCH_OVERLAY_GROUPS`` names (comma-separated; a later
+    group needs the earlier ones, so only a leading run of GROUPS is accepted)."""
+    raw = os.environ.get(GROUPS_ENV, "").strip()
+    if not raw:
+        return GROUPS
+    wanted = tuple(g.strip() for g in raw.split(",") if g.strip())
+    if wanted != GROUPS[: len(wanted)]:
+        raise OverlayError(
+            f"{GROUPS_ENV}={raw!r}: name the groups from the first on, in order "
+            f"({', '.join(GROUPS)}): each group is applied on top of the ones before it"
+        )
+    return wanted
+
+
+def read_series(
+    directory: Path | None = None, groups: tuple[str, ...] | None = None
+) -> list[Patch]:
+    """The patches of ``series``, in order; a listed patch that is missing is an
+    error. ``groups``: only the patches of these groups (default: every group)."""
     directory = directory or patches_dir()
     patches = []
-    for name in series_names(directory):
+    for name, group in _series_entries(directory):
+        if groups is not None and group not in groups:
+            continue
         path = directory / name
         if not path.is_file():
             raise OverlayError(
                 f"{directory / 'series'} lists {name}, but {path} does not exist"
             )
-        patches.append(Patch(name, path, _read_subject(path)))
+        patches.append(Patch(name, path, _read_subject(path), group))
     return patches
+
+
+def served_series(directory: Path | None = None) -> list[Patch]:
+    """The patches the overlay serves and the wheel and export are built from: those
+    of :func:`selected_groups`."""
+    return read_series(directory, selected_groups())
 
 
 def mirrored_modules(package_dir: Path | None = None) -> dict[str, Path]:
@@ -245,21 +345,29 @@ def _hash_files(paths: tuple[tuple[str, str], ...], base: str) -> str:
     return digest.hexdigest()
 
 
-def series_hash(directory: Path | None = None, base: str | None = None) -> str:
-    """Identity of the patch set: the base release, ``series``, every patch, the
-    mirrored new modules, the compat layer and the C++ sources.
+def series_hash(
+    directory: Path | None = None,
+    base: str | None = None,
+    groups: tuple[str, ...] | None = None,
+) -> str:
+    """Identity of the patch set: the base release, ``series``, every patch served,
+    the mirrored new modules, the compat layer and the C++ sources.
 
     Keys the materialised cache, names the patched wheel and stamps compile
     packages: anything that changes what torch runs changes it. ``base``: the
-    release the series is for (the installed torch's base by default).
+    release the series is for (the installed torch's base by default); ``groups``:
+    the groups served (default :func:`selected_groups`; a subset is hashed apart).
     """
     base = base or installed_base()
     directory = directory or patches_dir(base)
+    groups = selected_groups() if groups is None else groups
     series_file = directory / "series"
     entries = []
     if series_file.exists():
         entries.append(("series", str(series_file)))
-    entries += [(p.name, str(p.path)) for p in read_series(directory)]
+    entries += [(p.name, str(p.path)) for p in read_series(directory, groups)]
+    if groups != GROUPS:
+        base = f"{base}\ngroups={','.join(groups)}"
     for name, path in sorted(served_new_modules(base).items()):
         if path.suffix == ".py":
             entries.append((name, str(path)))

@@ -28,7 +28,17 @@ import zipfile
 from pathlib import Path
 
 from .errors import OverlayError
-from .series import REPO_ROOT, base_version, installed_base, patches_dir, read_series, series_names
+from .series import (
+    GROUPS,
+    REPO_ROOT,
+    base_version,
+    format_series,
+    installed_base,
+    parse_series,
+    patches_dir,
+    read_series,
+    series_names,
+)
 
 
 log = logging.getLogger(__name__)
@@ -167,10 +177,46 @@ def edit(
             env={k: v for k, v in committer.items() if k != "GIT_COMMITTER_DATE"},
         )
     log.info("torch_overlay: %d patches checked out in %s", len(patches), work_dir)
+    for group in GROUPS:
+        numbers = [i for i, p in enumerate(patches, 1) if p.group == group]
+        if numbers:
+            log.info(
+                "torch_overlay: group %s: commits %d-%d (see NOTE: [Series groups])",
+                group,
+                numbers[0],
+                numbers[-1],
+            )
     return work_dir
 
 
+def regroup(
+    names: list[str], old_entries: list[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    """``(name, group)`` for the refreshed patches ``names`` (in order): a patch
+    the series had keeps its group, a new one takes the group of the patch before
+    it (the first group at the start). Raises OverlayError when the order mixes
+    the groups (NOTE: [Series groups])."""
+    old = dict(old_entries)
+    entries: list[tuple[str, str]] = []
+    for name in names:
+        group = old.get(name, entries[-1][1] if entries else GROUPS[0])
+        if entries and GROUPS.index(group) < GROUPS.index(entries[-1][1]):
+            raise OverlayError(
+                f"{name} ({group}) comes after {entries[-1][0]} ({entries[-1][1]}) in "
+                f"the edit tree; the groups go in the order {', '.join(GROUPS)}: move "
+                "its commit before the first commit of the later group "
+                "(git rebase -i overlay-base) and refresh again"
+            )
+        entries.append((name, group))
+    return entries
+
+
 _COUNTER = re.compile(r"^\d{4}-")
+SERIES_HEADER = """\
+torch_overlay patch series against torch {base}; applied in order.
+Two groups, each marked by a `# group:` line (NOTE: [Series groups] in
+torch_overlay/_overlay/series.py): the features, then the optional speed-ups.
+TORCH_OVERLAY_GROUPS=features serves the features alone."""
 
 
 def refresh(work_dir: Path, directory: Path | None = None, base: str | None = None) -> list[str]:
@@ -207,13 +253,17 @@ def refresh(work_dir: Path, directory: Path | None = None, base: str | None = No
         if len(set(names)) != len(names):
             raise OverlayError("two patches have the same subject; make the subjects unique")
         directory.mkdir(parents=True, exist_ok=True)
+        series_file = directory / "series"
+        old_entries = (
+            parse_series(series_file.read_text(), str(series_file))
+            if series_file.exists()
+            else []
+        )
+        entries = regroup(names, old_entries)
         old = set(series_names(directory))
         for src, name in zip(produced, names):
             shutil.copyfile(src, directory / name)
         for stale in old - set(names):
             (directory / stale).unlink(missing_ok=True)
-    (directory / "series").write_text(
-        f"# torch_overlay patch series against torch {base}; applied in order.\n"
-        + "".join(f"{name}\n" for name in names)
-    )
+    (directory / "series").write_text(format_series(SERIES_HEADER.format(base=base), entries))
     return names
