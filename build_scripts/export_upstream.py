@@ -71,7 +71,7 @@ PR_FIELDS = ("title", "summary")
 # `compat = true` on a patch: backport-only glue (NOTE: [Compat patches]).
 COMPAT_FIELD = "compat"
 # Upstream's subsystem tags; every exported title starts with one.
-TITLE_TAGS = ("[dynamo]", "[functorch]", "[aotautograd]", "[inductor]")
+TITLE_TAGS = ("[dynamo]", "[functorch]", "[aotautograd]", "[inductor]", "[decomp]", "[fx]")
 # DEP-3 (https://dep-team.pages.debian.net/deps/dep3/) header fields: the patch
 # bookkeeping of patches/, never part of an exported message.
 DEP3_LINE = re.compile(

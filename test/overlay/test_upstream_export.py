@@ -133,7 +133,7 @@ class TestUpstreamExport(TestCase):
             self.assertIsNone(DEP3_FIELD.search(msg), f"{name}: DEP-3 line in\n{msg}")
             self.assertRegex(
                 msg,
-                r"^\nSubject: \[PATCH \d+/\d+\] \[(dynamo|functorch|aotautograd|inductor)\] ",
+                r"^\nSubject: \[PATCH \d+/\d+\] \[(dynamo|functorch|aotautograd|inductor|decomp|fx)\] ",
             )
             self.assertIn("\nTest Plan:\n", msg, name)
 
