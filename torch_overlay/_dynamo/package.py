@@ -25,11 +25,9 @@ import functools
 import hashlib
 import importlib
 import inspect
-import io
 import itertools
 import logging
 import os
-import pickle
 import shutil
 import sys
 import threading
@@ -43,20 +41,14 @@ import torch
 from torch._dynamo.exc import PackageError
 
 from .package_artifacts import (
-    _environment,
     _GraphRecord,
     _KernelRedirect,
     _sha256,
-    _write_atomically,
     check_frozen_parameters,
-    check_manifest,
     deserialize_graph,
     folded_parameters,
     graph_for_bytecode,
-    guard_filter_manifest_fields,
     load_code,
-    overlay_series_hash,
-    serialize_graph,
 )
 from .package_artifacts import SerializedCode  # noqa: F401 (upstream's name)
 from .package_entries import (
@@ -92,26 +84,17 @@ from .package_recording import (  # noqa: F401 (backend_kind, compile_options, _
 )
 from .package_format import (
     DYNAMO_FILE as _DYNAMO_FILE,
-    graph_file,
     graph_name,
     kernel_file,
-    PACKAGE_FORMAT_VERSION,
     SIGNATURE_FILE,
 )
 from .package_sources import (
     code_fingerprint,
-    check_source_records,
     inlined_code_record,
-    LiveSources,
     read_module_lines,
 )
 from .package_trust import (
-    check_files,
-    check_manifest_schema,
     extract_kernels,
-    manifest_bytes,
-    read_package,
-    sign_manifest,
 )
 
 
@@ -210,203 +193,6 @@ def _recording(package: Optional[CompilePackage]):
     finally:
         _tls.package = previous
 
-
-
-class _BuiltinsOnlyUnpickler(pickle.Unpickler):
-    """Reads dynamo.bin: builtin containers, str, bytes and numbers only."""
-
-    def find_class(self, module, name):
-        raise PackageError(
-            f"{_DYNAMO_FILE} may only hold builtin containers, not {str(module)[:80]}.{str(name)[:80]}"
-        )
-
-
-# What each kind of global reference in an entry holds after its tag.
-_GLOBAL_REF_FIELDS = {
-    "graph": (str,),
-    "resume": (str, bytes),
-    "module": (str,),
-    "named": (str, str),
-}
-_ARTIFACT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-
-
-def _read_entries(files: dict[str, bytes], path) -> list[_Entry]:
-    """The entries of ``dynamo.bin``, each field checked to have its type."""
-    try:
-        raw_entries = _BuiltinsOnlyUnpickler(io.BytesIO(files[_DYNAMO_FILE])).load()
-    except PackageError as e:
-        raise PackageError(f"package {path}: {e}") from e
-    except Exception as e:
-        raise PackageError(f"package {path}: {_DYNAMO_FILE} is damaged: {e!r}"[:600]) from e
-    if not isinstance(raw_entries, list):
-        raise PackageError(f"package {path}: {_DYNAMO_FILE} is not a list of entries")
-    entries = []
-    for i, fields in enumerate(raw_entries):
-        where = f"package {path}: {_DYNAMO_FILE} entry {i}"
-        if not (isinstance(fields, tuple) and len(fields) == len(dataclasses.fields(_Entry))):
-            raise PackageError(f"{where} is not an entry")
-        entry = _Entry(*fields)
-        key = entry.code_key
-        if not (
-            isinstance(key, tuple)
-            and len(key) == 3
-            and key[0] in _CODE_KEY_KINDS
-            and all(isinstance(k, str) for k in key)
-        ):
-            raise PackageError(f"{where}: field code_key is malformed")
-        for field, type_ in (("out_code", bytes), ("guards_state", bytes), ("global_module", str), ("globals", dict)):
-            if not isinstance(getattr(entry, field), type_):
-                raise PackageError(f"{where}: field {field} is a {type(getattr(entry, field)).__name__}")
-        if not check_source_records(entry.sources):
-            raise PackageError(f"{where}: field sources is malformed")
-        if entry.frame_action not in (("",) if entry.out_code else (SKIP_CODE, RUN_ONLY_CODE)):
-            raise PackageError(f"{where}: field frame_action is malformed")
-        for name, ref in entry.globals.items():
-            shape = _GLOBAL_REF_FIELDS.get(ref[0]) if isinstance(ref, tuple) and ref else None
-            if not (
-                isinstance(name, str)
-                and name.isidentifier()
-                and shape is not None
-                and len(ref) == 1 + len(shape)
-                and all(isinstance(v, t) for v, t in zip(ref[1:], shape))
-            ):
-                raise PackageError(f"{where}: global {str(name)[:80]!r} is malformed")
-        entries.append(entry)
-    return entries
-
-
-def _check_package_contents(entries: list[_Entry], files: dict[str, bytes], path) -> None:
-    """Every file is one a package holds, and every graph an entry names is there."""
-    for name in files:
-        if name == _DYNAMO_FILE:
-            continue
-        folder, _, base = name.partition("/")
-        stem, dot, ext = base.rpartition(".")
-        if not (
-            (folder, dot + ext) in (("graphs", ".bin"), ("kernels", ".so"))
-            and stem
-            and set(stem) <= _ARTIFACT_CHARS
-        ):
-            raise PackageError(f"package {path}: {name[:80]!r} is not a file a package holds")
-    for entry in entries:
-        for name, ref in entry.globals.items():
-            if ref[0] == "graph" and graph_file(ref[1]) not in files:
-                raise PackageError(
-                    f"package {path}: the entry of {_describe_key(entry.code_key)} calls graph "
-                    f"{ref[1][:80]!r} (global {name}), which the package does not hold"
-                )
-
-
-def _unmarshal_code(data: bytes, what: str) -> types.CodeType:
-    # See NOTE: [Constants of compiled bytecode]
-    return load_code(data, what)
-
-
-# NOTE: [Bytecode of loaded entries]
-# Dynamo's transformed bytecode keeps the frame's identity: the same name,
-# file, argument counts, argument names, free variables and kind (generator,
-# coroutine, *args, **kwargs), because it runs in the original frame. A loaded
-# entry's bytecode is checked against the live code it is installed for
-# before it is used, so bytecode saved for another function (or written by
-# hand into an unsigned package) is refused unless it has that function's
-# shape. It is still code: only a signature says who wrote it.
-_CODE_IDENTITY = ("co_name", "co_filename", "co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_freevars")
-_CODE_KIND_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
-
-
-def check_bytecode_belongs(code: types.CodeType, live: types.CodeType, what: str) -> None:
-    """PackageError unless ``code`` (saved bytecode) has ``live``'s identity."""
-    for field in _CODE_IDENTITY:
-        if getattr(code, field) != getattr(live, field):
-            raise PackageError(
-                f"{what}: its bytecode is not of the live function {live.co_qualname} "
-                f"({field} {str(getattr(code, field))[:80]!r}, the function's "
-                f"{str(getattr(live, field))[:80]!r})"
-            )
-    nargs = live.co_argcount + live.co_kwonlyargcount
-    nargs += bool(live.co_flags & inspect.CO_VARARGS) + bool(live.co_flags & inspect.CO_VARKEYWORDS)
-    if code.co_varnames[:nargs] != live.co_varnames[:nargs] or (
-        (code.co_flags ^ live.co_flags) & _CODE_KIND_FLAGS
-    ):
-        raise PackageError(
-            f"{what}: its bytecode is not of the live function {live.co_qualname} "
-            "(its arguments or kind differ)"
-        )
-
-
-def _check_guards_state(entry: _Entry, code: types.CodeType, what: str) -> None:
-    """The entry's guards are a guards state for this code, read with the
-    guards' restricted unpickler, each field of its type."""
-    from torch._dynamo.guard_serialization import load_guards_state, OutputGraphGuardsState
-
-    try:
-        state = load_guards_state(entry.guards_state)
-    except PackageError as e:
-        raise PackageError(f"{what}: {e}") from e
-    output_graph = state.output_graph
-    if not isinstance(output_graph, OutputGraphGuardsState):
-        raise PackageError(f"{what}: its guards state holds no output graph state")
-    for field in dataclasses.fields(OutputGraphGuardsState):
-        expected = {"dict": dict, "list": list, "set": set, "str": str, "tuple": tuple, "int": int, "bool": bool}.get(
-            str(field.type)
-        )
-        value = getattr(output_graph, field.name, None)
-        if expected is not None and not isinstance(value, expected):
-            raise PackageError(f"{what}: its guards state field {field.name} is a {type(value).__name__}")
-    if output_graph.code_name != code.co_name:
-        raise PackageError(f"{what}: its guards were saved for {output_graph.code_name[:80]!r}, not {code.co_name!r}")
-
-
-def _check_entry_module(entry: _Entry, module: Optional[types.ModuleType], code: types.CodeType) -> None:
-    """The module an entry runs in is its function's: the one its key names, the
-    inline wrapper's, or (a resume function) the one whose file the code is from."""
-    kind, key_module = entry.code_key[0], entry.code_key[1]
-    expected = {"function": key_module, "inline_wrapper": "torch._dynamo.external_utils"}.get(kind)
-    module_file = getattr(module, "__file__", None)
-    if (expected is not None and entry.global_module != expected) or (
-        kind == "resume"
-        and isinstance(module_file, str)
-        and os.path.isabs(code.co_filename)
-        and os.path.realpath(module_file) != os.path.realpath(code.co_filename)
-    ):
-        raise PackageError(
-            f"the entry of {_describe_key(entry.code_key)} runs in module "
-            f"{entry.global_module[:100]!r}, which is not its function's"
-        )
-
-
-# Builtins a saved global may never be bound to.
-_UNSAFE_BUILTINS = frozenset(
-    {"eval", "exec", "compile", "open", "__import__", "getattr", "setattr", "delattr",
-     "globals", "locals", "vars", "input", "breakpoint", "exit", "quit", "help"}
-)
-
-
-def _check_global_refs(entry: _Entry, what: str, live_modules: Optional[set]) -> None:
-    """Each global the bytecode reads is bound to what its name says: a compiled
-    graph to a graph, a resume function to its code, a module alias to the module
-    it is named after, and an object by name only to one of torch's, a standard
-    module's or the live function's modules (never os.system for a graph)."""
-    from torch._dynamo.guard_serialization import _IMPORTABLE_AT_LOAD
-
-    for name, ref in entry.globals.items():
-        kind = ref[0]
-        wrong = (
-            name.startswith("__compiled_fn") != (kind == "graph")
-            or name.startswith("__resume_at_") != (kind == "resume")
-            or (kind == "module" and name.startswith("__import_") and name != "__import_" + ref[1].replace(".", "_dot_"))
-        )
-        if kind == "named":
-            module, path = ref[1], ref[2]
-            wrong = wrong or not (
-                module == "torch"
-                or module.startswith("torch.")
-                or module in _IMPORTABLE_AT_LOAD
-                or (live_modules is not None and module in live_modules)
-            ) or (module == "builtins" and path.split(".")[0] in _UNSAFE_BUILTINS)
-        if wrong:
-            raise PackageError(f"{what}: global {name[:80]} is bound to {str(ref[:3])[:120]}, not what its name says")
 
 
 def _named_module(name: str, entry: _Entry) -> types.ModuleType:
@@ -641,8 +427,7 @@ class CompilePackage:
         (the graphs they call, as the store returned them)."""
         if self._pending is None:
             raise AssertionError("install() needs a package made from a cache entry (DynamoStore.load_package)")
-        entry = PrecompileCacheEntry(self._pending, dict(backends))
-        files, manifest = entry.files_and_manifest()
+        files, manifest = _store().cache_entry_files(PrecompileCacheEntry(self._pending, dict(backends)))
         self.load_files(files, manifest, self._store_key or "<cache entry>")
         self._pending = None
         _installed_packages.add(self)
@@ -737,16 +522,11 @@ class CompilePackage:
 
     def guards_refused(self, code, error: PackageError) -> None:
         package_recording.guards_refused(self, code, error)
-    # -- save --------------------------------------------------------------
-    # NOTE: [A save never loses what it could save]
-    # A save writes every entry it can. An error while recording one entry
-    # (its bytecode, globals or sources) or serializing one graph (pickling an
-    # AOTAutograd cache entry, reading Inductor's output) leaves that entry out
-    # with a warning naming it and the error, and the rest of the package is
-    # written; with config.strict_precompile it is a PackageError instead. Only what concerns the whole package (its path,
-    # signing key, the write itself) fails the save.
+
+    # -- save and load -------------------------------------------------------
     def save(self, path: Optional[str] = None) -> str:
-        """Write the package as a directory (see NOTE: [Package format])."""
+        """Write the package as a directory (see NOTE: [Package format]); what
+        cannot be saved is left out (NOTE: [A save never loses what it could save])."""
         path = path or self.path
         if path is None:
             raise PackageError("no package path: pass torch.compile(..., package=path)")
@@ -758,109 +538,13 @@ class CompilePackage:
                 "under it (call the compiled function before save_package)",
                 stacklevel=2,
             )
-        from . import package_storage
-
-        if package_storage.is_remote(path):
-            # See NOTE: [Packages in object storage]
-            package_storage.save_to_url(
-                str(path), lambda local: _write_atomically(local, files, manifest)
-            )
-        else:
-            _write_atomically(package_storage.local_path(path), files, manifest)
+        _store().write_files(path, files, manifest)
         log.info("saved %d entries to %s", manifest["entries"], path)
         return str(path)
 
     def collect_files(self) -> tuple[dict[str, bytes], dict]:
         """The package's files and manifest, however they are then stored."""
-        # See NOTE: [Entries a package's model uses]
-        adopt_shared_entries(self)
-        files: dict[str, bytes] = {}
-        graphs_needed: set[str] = set()
-        for entry in self.entries:
-            graphs_needed |= {ref[1] for ref in entry.globals.values() if ref[0] == "graph"}
-        failed: dict[str, str] = {}
-        kernels: dict[str, bytes] = dict(self._loaded_kernels)
-        for artifact in sorted(graphs_needed):
-            if artifact in self._loaded_graph_blobs:
-                files[graph_file(artifact)] = self._loaded_graph_blobs[artifact]
-                continue
-            record = self._graph_records[artifact]
-            refused = _refused_option(record)
-            if refused is not None:
-                failed[artifact] = refused
-                continue
-            try:
-                blob, graph_kernels = serialize_graph(record)
-            except PackageError as e:
-                failed[artifact] = str(e)
-                continue
-            except Exception as e:
-                # See NOTE: [A save never loses what it could save]
-                log.debug("serializing graph %s failed", artifact, exc_info=True)
-                failed[artifact] = f"serializing graph {artifact} raised {type(e).__name__}: {e}"[:800]
-                continue
-            files[graph_file(artifact)] = blob
-            kernels.update(graph_kernels)
-        kept = []
-        for entry in self.entries:
-            bad = [failed[ref[1]] for ref in entry.globals.values() if ref[0] == "graph" and ref[1] in failed]
-            if bad:
-                self._leave_out(
-                    f"torch.compile package: an entry of {_describe_key(entry.code_key)} is not "
-                    f"saved: its graph cannot be packaged: {bad[0]}"
-                )
-                continue
-            kept.append(entry)
-        kept = keep_resolvable(self, kept + self.skipped)
-        graphs_kept = {
-            ref[1] for entry in kept for ref in entry.globals.values() if ref[0] == "graph"
-        }
-        for artifact in graphs_needed - graphs_kept:
-            files.pop(graph_file(artifact), None)
-        for h, data in kernels.items():
-            files[kernel_file(h)] = data
-        files[_DYNAMO_FILE] = pickle.dumps(
-            [dataclasses.astuple(e) for e in kept], protocol=pickle.HIGHEST_PROTOCOL
-        )
-        manifest = {
-            "format_version": PACKAGE_FORMAT_VERSION,
-            **_environment(),
-            "overlay_series_hash": overlay_series_hash(),
-            "device": ",".join(
-                sorted(
-                    {d for r in self._graph_records.values() for d in r.devices}
-                    | set(self._loaded_devices)
-                )
-            )
-            or "cpu",
-            "backend": self.backend.kind if self.backend else None,
-            # See NOTE: [Compile options in packages]
-            "compile_options": {
-                k: repr(v) for k, v in sorted((self.backend.options if self.backend else {}).items())
-            },
-            # NOTE: [Frozen graphs in packages]: its graphs compute with constants
-            # folded from the parameters they were saved with.
-            "frozen": self._loaded_frozen
-            or any(
-                self._graph_records[artifact].frozen_under_no_grad
-                for artifact in graphs_kept
-                if artifact in self._graph_records
-            ),
-            "entries": sum(1 for entry in kept if entry.out_code),
-            "skipped_frames": sum(1 for entry in kept if not entry.out_code),
-            "inlined_sources": self.source_info.as_fields(),
-            # The guard filter the entries were compiled with (a preset by name).
-            **guard_filter_manifest_fields(self),
-            "files": {name: _sha256(data) for name, data in sorted(files.items())},
-        }
-        # NOTE: [Trust model of compile packages]: signed with
-        # config.package_signing_key, the signature file next to the manifest.
-        signature = sign_manifest(manifest_bytes(manifest))
-        if signature is not None:
-            files[SIGNATURE_FILE] = signature
-        return files, manifest
-
-    # -- load --------------------------------------------------------------
+        return _store().collect_files(self)
     def load(self, path: Optional[str] = None) -> list[_LoadedEntry]:
         """Read a package directory; its entries are then looked up on calls.
 
@@ -878,20 +562,8 @@ class CompilePackage:
         given = path or self.path
         if given is None:
             raise PackageError("no package path: pass torch.compile(..., package=path)")
-        from . import package_storage
-
-        if package_storage.is_remote(given):
-            # See NOTE: [Packages in object storage]
-            with package_storage.fetched_package(str(given), check_manifest) as fetched:
-                package = read_package(fetched, check_manifest)
-            return self.load_files(package.files, package.manifest, given)
-        where = package_storage.local_path(given)
-        # See NOTE: [Replacing a package atomically]
-        package = package_storage.read_consistently(
-            where, lambda local: read_package(local, check_manifest)
-        )
-        return self.load_files(package.files, package.manifest, where)
-
+        files, manifest, where = _store().read_files(given)
+        return self.load_files(files, manifest, where)
     def load_files(self, files, manifest, path):
         """Install entries from a package's verified files (directory or archive).
 
@@ -902,20 +574,16 @@ class CompilePackage:
         The garbage collector is left as it is (NOTE: [Loads leave the
         garbage collector alone])."""
         started = time.perf_counter()
-        manifest = check_manifest_schema(manifest, path)
-        check_files(files, manifest, path)
-        saved_sources = SourceInfo.from_fields(manifest.get("inlined_sources", []), path)
-        entries = _read_entries(files, path)
-        _check_package_contents(entries, files, path)
+        manifest, saved_sources, entries = _store().verified_entries(files, manifest, path)
         numbers = {id(entry): number for number, entry in enumerate(entries)}
-        entries = self._drop_stale(entries, path)
+        entries = _store().drop_stale(self, entries, path)
         kernel_dir, kernel_paths = extract_kernels(files, path)
         verified = time.perf_counter()
         redirect = _KernelRedirect(kernel_paths)
         try:
             needed = {ref[1] for entry in entries for ref in entry.globals.values() if ref[0] == "graph"}
             graphs = self._load_graphs(files, redirect, path, needed)
-            checked = [(entry, self._checked_code(entry, path)) for entry in entries if entry.out_code]
+            checked = [(entry, _store().checked_code(self, entry, path)) for entry in entries if entry.out_code]
         except BaseException:
             if kernel_dir is not None:
                 shutil.rmtree(kernel_dir, ignore_errors=True)
@@ -966,37 +634,6 @@ class CompilePackage:
         )
         return installed
 
-    def _drop_stale(self, entries: list[_Entry], path) -> list[_Entry]:
-        """The entries derived from the code and config this process runs. The
-        others are dropped, with one warning naming what changed (a PackageError
-        with strict_precompile() or refuse_stale): NOTE: [What an entry was
-        derived from]."""
-        live = LiveSources(lambda module, qualname: _resolve_code(("function", module, qualname), self._root_codes()))
-        kept: list[_Entry] = []
-        changes: dict[str, None] = {}
-        for entry in entries:
-            records = entry.sources
-            if self._ignore_inlined_sources:
-                records = tuple(r for r in records if r[0] != "inlined")
-            changed = live.changes(records, entry.global_module) if entry.out_code else []
-            for line in changed:
-                changes.setdefault(line, None)
-            if not changed:
-                kept.append(entry)
-        if not changes:
-            return kept
-        self.stale_entries.extend(changes)
-        compiled = sum(1 for entry in entries if entry.out_code)
-        message = (
-            f"package {path}: {len(entries) - len(kept)} of its {compiled} entries were compiled "
-            f"from code or config that differs in this process, and are not loaded: "
-            + "; ".join(changes)
-        )
-        if self.refuse_stale or strict_precompile():
-            raise PackageError(message)
-        warnings.warn(message + ". The frames they ran will compile.", stacklevel=4)
-        return kept
-
     def _load_graphs(self, files, redirect: _KernelRedirect, path, needed: set[str]) -> dict[str, Any]:
         """The package's graphs the ``needed`` artifacts name; a frozen one is
         checked against the module it is loaded for (NOTE: [Parameters of
@@ -1021,32 +658,6 @@ class CompilePackage:
                 else:
                     check_frozen_parameters(graphs[artifact], module, f"{artifact} of {path}")
         return graphs
-
-    def _checked_code(self, entry: _Entry, path) -> dict[str, types.CodeType]:
-        """The entry's code objects (its bytecode under "", resume functions by
-        global name), each checked to belong to the function it is installed for
-        (NOTE: [Bytecode of loaded entries]); its guards state checked too."""
-        what = f"package {path}: entry of {_describe_key(entry.code_key)}"
-        codes = {"": _unmarshal_code(entry.out_code, what)}
-        live = None
-        if entry.code_key[0] == "inline_wrapper":
-            live = _inline_wrapper_code()
-        elif entry.code_key[0] == "function":
-            live = _resolve_code(entry.code_key, self._root_codes())
-        elif codes[""].co_name != entry.code_key[1]:
-            raise PackageError(f"{what}: its bytecode is of {codes[''].co_name[:80]!r}")
-        if live is not None:
-            check_bytecode_belongs(codes[""], live, what)
-        for name, ref in entry.globals.items():
-            if ref[0] == "resume":
-                code = _unmarshal_code(ref[2], f"{what}, resume function {name}")
-                if not (_is_resume_code(code) and code.co_name == ref[1]):
-                    raise PackageError(f"{what}: global {name} is not the resume function it names")
-                codes[name] = code
-        _check_guards_state(entry, codes[""], what)
-        _check_entry_module(entry, sys.modules.get(entry.global_module), codes[""])
-        _check_global_refs(entry, what, self._modules_named_by_live_function())
-        return codes
 
     def _compiled_module(self) -> Optional[torch.nn.Module]:
         """The module this package compiles: torch.compile(module), or
@@ -1350,7 +961,7 @@ class PackageAwareConvertFrame:
         if (len(entries), len(self.package.skipped)) != (before, skipped) and self._records_cache_entries():
             # As upstream's ConvertFrameAssert: the package changed, record it
             # (NOTE: [Recording a package's cache entry]).
-            DynamoCache.record_package(self.package)
+            _store().DynamoCache.record_package(self.package)
         if len(entries) == before + 1:
             # The entry this frame's compile recorded: other packages whose
             # models run its code may take it (NOTE: [Entries a package's model uses]).
@@ -1795,7 +1406,7 @@ class _DynamoCacheEntry:
                 graphs[artifact] = data
             elif name not in (SIGNATURE_FILE, _DYNAMO_FILE):
                 kept[name] = data
-        collected = _codes_of_entries(_read_entries(files, package.path or "<package>"), package._root_qualnames())
+        collected = _codes_of_entries(_store()._read_entries(files, package.path or "<package>"), package._root_qualnames())
         by_key = {code.code_key: code for code in collected}
         codes = []
         for code in self.codes:
@@ -1851,80 +1462,6 @@ class PrecompileCacheEntry:
                 recorded = type(self.backends[backend_id])
                 kind = recorded if issubclass(recorded, PackageGraphArtifact) else PackageGraphArtifact
                 self.backends[backend_id] = kind(key=backend_id, content=graphs[backend_id])
-
-    def files_and_manifest(self) -> tuple[dict[str, bytes], dict]:
-        """The package files this entry is written as, and their manifest."""
-        from torch._dynamo.precompile_context import BackendCacheArtifact
-
-        self.materialize()
-        files = dict(self.dynamo.files)
-        entries, bypassed = [], []
-        for code in self.dynamo.codes:
-            graphs = {ref[1] for entry in code.guarded_codes for ref in entry.globals.values() if ref[0] == "graph"}
-            missing = sorted(graphs - set(self.backends))
-            if missing and not code.bypassed:
-                log.warning(
-                    "precompile cache entry: %s is bypassed: backend %s not found",
-                    _describe_key(code.code_key),
-                    missing[0],
-                )
-                code.bypassed = True
-            if code.bypassed:
-                bypassed.append(list(code.code_key))
-            else:
-                entries.extend(code.guarded_codes)
-        files[_DYNAMO_FILE] = pickle.dumps([dataclasses.astuple(e) for e in entries], protocol=pickle.HIGHEST_PROTOCOL)
-        for backend_id in sorted({ref[1] for e in entries for ref in e.globals.values() if ref[0] == "graph"}):
-            artifact = self.backends[backend_id]
-            if not isinstance(artifact, BackendCacheArtifact):
-                raise PackageError(f"backend {backend_id} is a {type(artifact).__name__}, not a BackendCacheArtifact")
-            files[graph_file(backend_id)] = artifact.package_bytes()
-        manifest = dict(self.dynamo.manifest)
-        manifest.update(
-            {
-                "entries": sum(1 for entry in entries if entry.out_code),
-                "skipped_frames": sum(1 for entry in entries if not entry.out_code),
-                "bypassed_codes": bypassed,
-                "toolkit_version": self.dynamo.system_info.toolkit_version,
-                "gpu_name": self.dynamo.system_info.gpu_name,
-                "inlined_sources": self.dynamo.source_info.as_fields(),
-            }
-        )
-        manifest["files"] = {name: _sha256(data) for name, data in sorted(files.items())}
-        signature = sign_manifest(manifest_bytes(manifest))
-        if signature is not None:
-            files[SIGNATURE_FILE] = signature
-        return files, manifest
-
-    @classmethod
-    def from_files(cls, files: dict[str, bytes], manifest: dict, where) -> PrecompileCacheEntry:
-        """Split a verified package's files into the Dynamo entry and its backends."""
-        from torch._dynamo.precompile_context import PackageGraphArtifact
-
-        dynamo_files, backends = {}, {}
-        for name, data in files.items():
-            backend_id = graph_name(name)
-            if backend_id is not None:
-                backends[backend_id] = PackageGraphArtifact(key=backend_id, content=data)
-            elif name not in (SIGNATURE_FILE, _DYNAMO_FILE):
-                dynamo_files[name] = data
-        codes = _codes_of_entries(_read_entries(files, where)) + _bypassed_codes(manifest, where)
-        system = SystemInfo(
-            python_version=str(manifest.get("python_version")),
-            torch_version=str(manifest.get("torch_version")),
-            toolkit_version=manifest.get("toolkit_version"),
-            gpu_name=manifest.get("gpu_name"),
-        )
-        entry = _DynamoCacheEntry(
-            codes=codes,
-            source_info=SourceInfo.from_fields(manifest.get("inlined_sources", []), where),
-            system_info=system,
-            files=dynamo_files,
-            manifest={k: v for k, v in manifest.items() if k not in ("files", "bypassed_codes")},
-        )
-        return cls(dynamo=entry, backends=backends)
-
-
 def _compile_package_cache_entry(package: CompilePackage) -> _DynamoCacheEntry:
     """``package.cache_entry()``: its codes now, its files when it is written;
     each graph it has not recorded yet is recorded in the PrecompileContext as
@@ -2124,89 +1661,24 @@ class InMemoryDynamoStore(DynamoStore):
         return self.packages[path]
 
 
-class DiskDynamoStore(DynamoStore):
-    """Packages kept as package directories under a path prefix (or at the
-    path given, when the prefix is empty); local paths and fsspec URLs."""
 
-    def __init__(self, path_prefix: str = "") -> None:
-        self._path_prefix = path_prefix
+def _store():
+    """torch/_dynamo/package_store.py, the package directory format: it builds
+    on this module, which imports it when a package is first saved or loaded."""
+    from . import package_store
 
-    def path_prefix(self) -> str:
-        return self._path_prefix
-
-    def _where(self, path: str) -> str:
-        return os.path.join(self.path_prefix(), path) if self.path_prefix() else path
-
-    def clear(self) -> None:
-        if self.path_prefix():
-            shutil.rmtree(self.path_prefix(), ignore_errors=True)
-
-    def write(self, cache_entry: PrecompileCacheEntry, path: str) -> None:
-        from . import package_storage
-
-        where = self._where(path)
-        try:
-            files, manifest = cache_entry.files_and_manifest()
-            if package_storage.is_remote(where):
-                package_storage.save_to_url(where, lambda local: _write_atomically(local, files, manifest))
-            else:
-                _write_atomically(package_storage.local_path(where), files, manifest)
-        except Exception as e:
-            raise RuntimeError(f"Failed to save package to {where}: {e}") from e
-
-    def read(self, path: str) -> PrecompileCacheEntry:
-        from . import package_storage
-
-        where = self._where(path)
-        if package_storage.is_remote(where):
-            with package_storage.fetched_package(where, check_manifest) as fetched:
-                package = read_package(fetched, check_manifest)
-        else:
-            local = package_storage.local_path(where)
-            package = package_storage.read_consistently(local, lambda p: read_package(p, check_manifest))
-        manifest = check_manifest_schema(package.manifest, where)
-        check_files(package.files, manifest, where)
-        return PrecompileCacheEntry.from_files(package.files, manifest, where)
+    return package_store
 
 
-class DiskDynamoCache(DiskDynamoStore):
-    """The Dynamo cache: packages keyed by their function (source_id_from_fn)."""
-
-    def save(self, package: CompilePackage) -> None:
-        self.save_package(package, package.source_id)
-
-    def load(self, fn) -> Optional[PrecompileCacheEntry]:
-        key = source_id_from_fn(fn)
-        try:
-            entry = self.load_cache_entry(key)
-        except Exception as e:
-            from torch._dynamo.utils import counters
-
-            counters["dynamo_cache"]["dynamo_cache_miss"] += 1
-            log.info("no Dynamo cache entry for %s: %s", fn, e)
-            return None
-        from torch._dynamo.utils import counters
-
-        counters["dynamo_cache"]["dynamo_cache_hit"] += 1
-        return entry
-
-    def load_and_install_package(self, fn) -> Optional[CompilePackage]:
-        entry = self.load(fn)
-        if entry is None:
-            return None
-        package = CompilePackage(fn, entry.dynamo)
-        package.install(entry.backends)
-        return package
-
-    def path_prefix(self) -> str:
-        return self._path_prefix or os.path.join(cache_dir(), "dynamo")
+# What torch/_dynamo/package_store.py defines and this module serves too:
+# upstream's names (DiskDynamoStore, the Dynamo cache) and those other modules
+# import from here.
+_STORE_NAMES = frozenset(
+    {"DiskDynamoStore", "DiskDynamoCache", "DynamoCache", "cache_dir", "_BuiltinsOnlyUnpickler", "check_bytecode_belongs"}
+)
 
 
-def cache_dir() -> str:
-    from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
-
-    return inductor_cache_dir()
-
-
-# The Dynamo cache (caching_precompile); its prefix follows the inductor cache dir.
-DynamoCache = DiskDynamoCache()
+def __getattr__(name: str) -> Any:
+    if name in _STORE_NAMES:
+        return getattr(_store(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
