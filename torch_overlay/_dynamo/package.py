@@ -25,7 +25,6 @@ import functools
 import hashlib
 import importlib
 import inspect
-import itertools
 import logging
 import os
 import shutil
@@ -48,10 +47,15 @@ from .package_artifacts import (
     deserialize_graph,
     folded_parameters,
     graph_for_bytecode,
-    load_code,
 )
 from .package_artifacts import SerializedCode  # noqa: F401 (upstream's name)
-from .package_entries import (
+from .package_entries import (  # noqa: F401 (upstream's names, re-exported)
+    _bypassed_codes,
+    _codes_of_entries,
+    _compiled_module,
+    _DynamoCodeCacheEntry,
+    _live_function_globals,
+    _modules_named_by_live_function,
     _CODE_KEY_KINDS,
     _code_key,
     _compiled_through_inline_wrapper,
@@ -62,8 +66,11 @@ from .package_entries import (
     _LoadedEntry,
     _rename_globals,
     _resolve_code,
+    InlinedSource,
     RUN_ONLY_CODE,
     SKIP_CODE,
+    SourceInfo,
+    SystemInfo,
 )
 from . import package_recording
 from .package_recording import (  # noqa: F401 (backend_kind, compile_options, _DDPSplit*: re-exported)
@@ -91,7 +98,6 @@ from .package_format import (
 from .package_sources import (
     code_fingerprint,
     inlined_code_record,
-    read_module_lines,
 )
 from .package_trust import (
     extract_kernels,
@@ -216,20 +222,6 @@ def _named_module(name: str, entry: _Entry) -> types.ModuleType:
 _NOT_YET = object()
 
 
-# A global container is read this far for the modules of what it holds.
-_CONTAINER_ITEMS_READ = 256
-
-
-def _modules_of_callables_in(container) -> set[str]:
-    """The modules of the functions and classes a global dict, list or tuple
-    holds (its first _CONTAINER_ITEMS_READ items)."""
-    items = container.values() if isinstance(container, dict) else container
-    return {
-        item.__module__
-        for item in itertools.islice(items, _CONTAINER_ITEMS_READ)
-        if isinstance(item, (types.FunctionType, type)) and isinstance(item.__module__, str)
-    }
-
 
 class CompilePackage:
     """The compiled entries of one ``torch.compile()``; see the module docstring."""
@@ -256,14 +248,8 @@ class CompilePackage:
         self._resume_codes: weakref.WeakSet = weakref.WeakSet()
         # code -> record of each function inlined into the frame being compiled.
         self._frame_sources: Optional[dict] = None
-        # What changed for the entries a load dropped (NOTE: [What an entry was
-        # derived from]); refuse_stale makes such a load a PackageError.
-        self.stale_entries: list[str] = []
-        self.refuse_stale = False
         self._backend_ids: dict[str, list[str]] = {}
         self._cached_backends: dict[str, Any] = {}
-        self._pending: Optional[_DynamoCacheEntry] = None
-        self._store_key: Optional[str] = None
         # Backend ids cache_entry() has recorded in the PrecompileContext, each
         # once (NOTE: [Recording a package's cache entry]).
         self._recorded_backend_ids: set[str] = set()
@@ -271,8 +257,6 @@ class CompilePackage:
         self.entries: list[_Entry] = []
         self._graph_records: dict[str, _GraphRecord] = {}
         self._unsaveable: list[str] = []
-        # Entries read from a package: checked when they were first saved.
-        self._entries_from_packages: set[int] = set()
         # Entries of other packages this package's model ran (NOTE: [Entries
         # a package's model uses]), by id.
         self._adopted: set[int] = set()
@@ -283,6 +267,22 @@ class CompilePackage:
         # Frames Dynamo decided not to compile (NOTE: [Frames Dynamo skips]):
         # entries with no bytecode and no guards.
         self.skipped: list[_Entry] = []
+        self._inline_wrapped: Any = _NOT_YET
+        self._uid = _sha256(os.urandom(16))[:10]
+        self._init_load_state()
+        if dynamo is not None:
+            self.initialize(fn, dynamo, ignore_inlined_sources)
+
+    def _init_load_state(self) -> None:
+        """What loads add to the package (its own, or installed from a store)."""
+        # What changed for the entries a load dropped (NOTE: [What an entry was
+        # derived from]); refuse_stale makes such a load a PackageError.
+        self.stale_entries: list[str] = []
+        self.refuse_stale = False
+        self._pending: Optional[_DynamoCacheEntry] = None
+        self._store_key: Optional[str] = None
+        # Entries read from a package: checked when they were first saved.
+        self._entries_from_packages: set[int] = set()
         self._loaded_skips: list[_Entry] = []
         # None: a frozen graph is checked at load against the module the package
         # belongs to. A list: the load has no module (aot_compile, where it is
@@ -290,15 +290,11 @@ class CompilePackage:
         # graph is kept here for the caller to check (NOTE: [Parameters of frozen
         # packages]).
         self.frozen_checks_at_call: Optional[list[tuple[Any, str]]] = None
-        self._inline_wrapped: Any = _NOT_YET
         self._loaded: list[_LoadedEntry] = []
         self._loaded_graph_blobs: dict[str, bytes] = {}
         self._loaded_kernels: dict[str, bytes] = {}
         self._loaded_devices: set[str] = set()
         self._loaded_frozen = False
-        self._uid = _sha256(os.urandom(16))[:10]
-        if dynamo is not None:
-            self.initialize(fn, dynamo, ignore_inlined_sources)
 
     # -- upstream's API (NOTE: [Packages in upstream's shape]) ---------------
     def is_initialized(self) -> bool:
@@ -407,7 +403,7 @@ class CompilePackage:
 
     def bypass_current_entry(self) -> None:
         """Leave the current code's entries out of the package."""
-        self._exclude(self._code_being_compiled(), "its compile bypassed the package")
+        package_recording.exclude(self, self._code_being_compiled(), "its compile bypassed the package")
 
     def validate(self) -> None:
         """RuntimeError unless every entry a save would keep can be found again
@@ -501,24 +497,12 @@ class CompilePackage:
     def record_compile(self, code, out_code, guards_state, f_globals) -> None:
         """Called by Dynamo once a frame compiled under this package."""
         package_recording.record_compile(self, code, out_code, guards_state, f_globals)
+
     def record_skip(self, frame, frame_action: str = SKIP_CODE) -> None:
         """Called after Dynamo decided not to compile ``frame``'s code
         (``frame_action`` SKIP_CODE) or hit its recompile limit (RUN_ONLY_CODE):
         NOTE: [Frames Dynamo skips]."""
         package_recording.record_skip(self, frame, frame_action)
-    def _exclude(self, code, reason: str) -> None:
-        self._leave_out(
-            f"torch.compile package: the entry for {code.co_qualname} "
-            f"({code.co_filename}:{code.co_firstlineno}) is not saved: {reason}"
-        )
-
-    def _leave_out(self, message: str) -> None:
-        """An entry stays out of the package: a warning, or with
-        strict precompile (:func:`strict_precompile`) an error."""
-        if strict_precompile():
-            raise PackageError(message)
-        self._unsaveable.append(message)
-        warnings.warn(message, stacklevel=3)
 
     def guards_refused(self, code, error: PackageError) -> None:
         package_recording.guards_refused(self, code, error)
@@ -545,6 +529,7 @@ class CompilePackage:
     def collect_files(self) -> tuple[dict[str, bytes], dict]:
         """The package's files and manifest, however they are then stored."""
         return _store().collect_files(self)
+
     def load(self, path: Optional[str] = None) -> list[_LoadedEntry]:
         """Read a package directory; its entries are then looked up on calls.
 
@@ -553,17 +538,15 @@ class CompilePackage:
         other file is opened, and every file is read confined to the package
         and checked against the manifest's sha256 (the garbage collector is
         left as it is: NOTE: [Loads leave the garbage collector alone])."""
-        loaded = self._load(path)
-        # See NOTE: [Frames of loaded packages]
-        _count_loaded_frames(int(self.load_stats["codes"]))
-        return loaded
-
-    def _load(self, path: Optional[str]) -> list[_LoadedEntry]:
         given = path or self.path
         if given is None:
             raise PackageError("no package path: pass torch.compile(..., package=path)")
         files, manifest, where = _store().read_files(given)
-        return self.load_files(files, manifest, where)
+        loaded = self.load_files(files, manifest, where)
+        # See NOTE: [Frames of loaded packages]
+        _count_loaded_frames(int(self.load_stats["codes"]))
+        return loaded
+
     def load_files(self, files, manifest, path):
         """Install entries from a package's verified files (directory or archive).
 
@@ -579,34 +562,12 @@ class CompilePackage:
         entries = _store().drop_stale(self, entries, path)
         kernel_dir, kernel_paths = extract_kernels(files, path)
         verified = time.perf_counter()
-        redirect = _KernelRedirect(kernel_paths)
-        try:
-            needed = {ref[1] for entry in entries for ref in entry.globals.values() if ref[0] == "graph"}
-            graphs = self._load_graphs(files, redirect, path, needed)
-            checked = [(entry, _store().checked_code(self, entry, path)) for entry in entries if entry.out_code]
-        except BaseException:
-            if kernel_dir is not None:
-                shutil.rmtree(kernel_dir, ignore_errors=True)
-            raise
-        if kernel_dir is not None:
-            # Kernels load when a graph first runs; the copies go with the last
-            # graph that may load them, or at exit.
-            weakref.finalize(redirect, shutil.rmtree, str(kernel_dir), True)
+        graphs, checked = _decode_entries(self, files, entries, kernel_dir, kernel_paths, path)
         unpickled = time.perf_counter()
-        self._loaded_devices |= set(manifest.get("device", "cpu").split(","))
-        self._loaded_frozen = self._loaded_frozen or bool(manifest.get("frozen"))
-        self._loaded_kernels.update({h: files[kernel_file(h)] for h in kernel_paths})
-        self._loaded_graph_blobs.update(
-            {artifact: data for name, data in files.items() if (artifact := graph_name(name)) is not None}
-        )
-        self._entries_from_packages |= {id(entry) for entry in entries}
-        self.source_info.inlined_sources |= saved_sources.inlined_sources
-        skips = [entry for entry in entries if not entry.out_code]
-        self.skipped.extend(skips)
-        self._loaded_skips.extend(skips)
+        _keep_loaded(self, files, manifest, saved_sources, entries, kernel_paths)
         installed = []
         for entry, codes in checked:
-            loaded = self._install_loaded(entry, graphs, codes)
+            loaded = _install_loaded(self, entry, graphs, codes)
             if loaded is not None:
                 loaded.where = f"package {path}, entry {numbers[id(entry)]}"
                 installed.append(loaded)
@@ -634,190 +595,24 @@ class CompilePackage:
         )
         return installed
 
-    def _load_graphs(self, files, redirect: _KernelRedirect, path, needed: set[str]) -> dict[str, Any]:
-        """The package's graphs the ``needed`` artifacts name; a frozen one is
-        checked against the module it is loaded for (NOTE: [Parameters of
-        frozen packages])."""
-        module = self._compiled_module()
-        graphs = {}
-        checks_at_call = self.frozen_checks_at_call
-        for name, data in files.items():
-            artifact = graph_name(name)
-            if artifact is not None and artifact in needed:
-                try:
-                    graphs[artifact] = deserialize_graph(data, redirect, artifact)
-                except PackageError as e:
-                    raise PackageError(f"package {path}: {name}: {e}") from e
-                except Exception as e:
-                    raise PackageError(f"package {path}: graph {artifact} is damaged: {e!r}"[:600]) from e
-                if not folded_parameters(graphs[artifact]):
-                    continue
-                if module is None and checks_at_call is not None:
-                    # aot_compile: the module is the first argument of each call.
-                    checks_at_call.append((graphs[artifact], f"{artifact} of {path}"))
-                else:
-                    check_frozen_parameters(graphs[artifact], module, f"{artifact} of {path}")
-        return graphs
-
-    def _compiled_module(self) -> Optional[torch.nn.Module]:
-        """The module this package compiles: torch.compile(module), or
-        module.compile() / torch.compile(module.forward), which compile a bound
-        method of the module (generate() then runs the compiled module)."""
-        fn = self._fn
-        if isinstance(fn, torch.nn.Module):
-            return fn
-        owner = getattr(fn, "__self__", None)
-        return owner if isinstance(owner, torch.nn.Module) else None
-
-    def _modules_named_by_live_function(self) -> Optional[set]:
-        """The modules the compiled function's globals (and, for a module, its
-        submodules' classes and the functions they hold) name: the only ones an
-        entry may run in. A global container (transformers' ROPE_INIT_FUNCTIONS,
-        a dict of functions a rotary embedding picks from) names the modules of
-        the functions and classes it holds. None when the function is not known
-        yet (aot_compile checks after the load)."""
-        fn = self._fn
-        if fn is None:
-            return None
-        names = {"torch._dynamo.external_utils"}  # the inline wrapper's frame
-        holders = [fn]
-        module = self._compiled_module()
-        if module is not None:
-            for m in module.modules():
-                holders.append(type(m).forward)
-                names.add(type(m).__module__)
-                names |= {
-                    value.__module__
-                    for value in vars(m).values()
-                    if isinstance(value, types.FunctionType) and isinstance(value.__module__, str)
-                }
-        seen_globals: set[int] = set()
-        for holder in holders:
-            holder = getattr(holder, "__func__", holder)
-            f_globals = getattr(holder, "__globals__", None) or {}
-            own = f_globals.get("__name__") or getattr(holder, "__module__", None)
-            if isinstance(own, str):
-                names.add(own)
-            if id(f_globals) in seen_globals:
-                # Submodules of one class (32 Linear layers) share one module's
-                # globals: read each once (a load calls this for every entry).
-                continue
-            seen_globals.add(id(f_globals))
-            for value in f_globals.values():
-                owner = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
-                if isinstance(owner, str):
-                    names.add(owner)
-                elif type(value) in (dict, list, tuple):
-                    names |= _modules_of_callables_in(value)
-        return names
-
-    def _live_function_globals(self) -> dict[str, dict]:
-        """The globals the compiled function (and, for a module, its submodules'
-        forwards) run with, by module name. Usually the module's own dict; not
-        under torch.multiprocessing.spawn, where the user's script runs in a
-        namespace of runpy's that sys.modules["__mp_main__"] only copies: the
-        bytecode's globals go where its frame reads them."""
-        holders = [self._fn]
-        module = self._compiled_module()
-        if module is not None:
-            holders += [type(m).forward for m in module.modules()]
-        found: dict[str, dict] = {}
-        for holder in holders:
-            f_globals = getattr(getattr(holder, "__func__", holder), "__globals__", None)
-            if isinstance(f_globals, dict) and isinstance(f_globals.get("__name__"), str):
-                found.setdefault(f_globals["__name__"], f_globals)
-        return found
-
-    def _install_loaded(self, entry: _Entry, graphs: dict, codes: dict) -> Optional[_LoadedEntry]:
-        allowed = self._modules_named_by_live_function()
-        module = sys.modules.get(entry.global_module)
-        if module is None or (allowed is not None and entry.global_module not in allowed):
-            # Never imported by name, never run in a module the function does not name.
-            warnings.warn(
-                f"torch.compile package: entry of {_describe_key(entry.code_key)} skipped: its "
-                f"module {entry.global_module[:100]!r} is not one the compiled function's globals name"
-                + ("" if module is not None else " (nor imported)")
-            )
-            return None
-        f_globals = self._live_function_globals().get(entry.global_module, vars(module))
-        renames = {}
-        for name, ref in entry.globals.items():
-            unique = f"{name}_pkg{self._uid}"
-            if ref[0] == "graph":
-                f_globals[unique] = graph_for_bytecode(graphs[ref[1]])
-                renames[name] = unique
-            elif ref[0] == "resume":
-                fn = types.FunctionType(codes[name], f_globals, ref[1])
-                f_globals[unique] = fn
-                renames[name] = unique
-            elif ref[0] == "module":
-                f_globals.setdefault(name, _named_module(ref[1], entry))
-            else:
-                from torch._dynamo.guard_serialization import _NamedRef, resolve_name
-
-                f_globals.setdefault(name, resolve_name(_NamedRef(ref[1], ref[2])))
-        # See NOTE: [Names a loaded entry installs keep their numbers]
-        from torch._dynamo.guard_serialization import reserve_dynamo_global_names
-
-        reserve_dynamo_global_names(name for name in entry.globals if name not in renames)
-        out_code = _rename_globals(codes[""], renames)
-        loaded = _LoadedEntry(entry, out_code, f_globals)
-        self._loaded.append(loaded)
-        return loaded
     def lookup(self, frame, cache_entry):
         """A saved entry whose guards accept this frame, installed; SKIP_FRAME
         for a code the package records as skipped; else None."""
         if not self._loaded and not self._loaded_skips:
             return None
-        from torch._dynamo.convert_frame import input_codes, orig_code_map, output_codes
-        from torch._dynamo.types import GuardedCode
-        from torch._guards import CompileId
+        from torch._dynamo.convert_frame import input_codes
 
         code = frame.f_code
         rejected = []
         for loaded in list(self._loaded):
             if not self._entry_matches(loaded.entry, code):
                 continue
-            if loaded.guard_manager is None:
-                try:
-                    loaded.guard_manager = load_guard_manager(
-                        loaded.entry.guards_state, code, loaded.f_globals, cache_entry
-                    )
-                except PackageError as e:
-                    # Its guards cannot be rebuilt in this process: the entry is
-                    # dropped and the frame compiles (or fail_on_recompile says so).
-                    self._loaded.remove(loaded)
-                    warnings.warn(
-                        f"compile package entry for {code.co_name} "
-                        f"({code.co_filename}:{code.co_firstlineno}) cannot be used: {e}",
-                        stacklevel=2,
-                    )
-                    continue
+            if loaded.guard_manager is None and not _build_guard_manager(self, loaded, code, cache_entry):
+                continue
             if not loaded.guard_manager.check(frame.f_locals):
                 rejected.append(loaded)
                 continue
-            # NOTE: [Bookkeeping of installed entries]
-            # What _compile records for a cache entry it installs, recorded for
-            # one installed from the package: torch._dynamo.reset() clears the
-            # cache entries of the codes in input_codes (a code missing there
-            # keeps a stale entry whose out_code orig_code_map no longer knows,
-            # and the next guard failure on it raises KeyError in
-            # get_guard_fail_reason), and Dynamo never compiles an out_code.
-            input_codes.add(code)
-            orig_code_map[loaded.out_code] = code
-            output_codes.add(loaded.out_code)
-            manager = loaded.guard_manager
-            # A guard manager belongs to one cache entry; a later miss rebuilds.
-            loaded.guard_manager = None
-            origin = entry_origin(self, loaded.entry)
-            if origin is not None:
-                _note_origin(manager, origin, code)
-            return GuardedCode(
-                loaded.out_code,
-                manager,
-                CompileId(-1, 0),
-                "Torch-Compiled Region: loaded from package",
-            )
+            return _installed_hit(self, loaded, code)
         for skip in self._loaded_skips:
             if self._entry_matches(skip, code):
                 input_codes.add(code)
@@ -831,43 +626,202 @@ class CompilePackage:
         about a call with ``args`` and ``kwargs``: accepts, or its first failing
         guard (NOTE: [Explaining a loaded miss]). Checks guards only: nothing
         runs, compiles or is installed."""
-        from torch._dynamo.guards import get_guard_fail_reason_helper
-        from torch._guards import CompileId
+        return _explain(self, args, kwargs)
 
-        fn = self._fn
-        module = fn if isinstance(fn, torch.nn.Module) else None
-        target = type(fn).forward if module is not None else fn
-        # The function whose frame Dynamo compiled: a decorator's wrapper if any.
-        target = getattr(target, "__func__", target)
-        if module is None and getattr(fn, "__self__", None) is not None:
-            args = (fn.__self__, *args)
-        elif module is not None:
-            args = (module, *args)
-        bound = inspect.signature(target, follow_wrapped=False).bind(*args, **kwargs)
-        bound.apply_defaults()
-        f_locals = dict(bound.arguments)
-        code = target.__code__
-        for name, cell in zip(code.co_freevars, target.__closure__ or ()):
-            f_locals[name] = cell.cell_contents
-        lines = []
-        for loaded in self._loaded:
-            what = f"{loaded.where} ({_describe_key(loaded.entry.code_key)})"
-            if not self._entry_matches(loaded.entry, code):
-                lines.append(f"{what}: not for this call's frame (checked when its frame runs)")
-                continue
+# ---------------------------------------------------------------------------
+# Installing what a load read, and looking it up
+# ---------------------------------------------------------------------------
+
+
+def _decode_entries(package: CompilePackage, files, entries: list[_Entry], kernel_dir, kernel_paths, path):
+    """The graphs ``entries`` call, decoded (torch/_dynamo/package_artifacts.py),
+    and each compiled entry with its code objects, checked against the live
+    function (package_store.checked_code). The kernels extracted to
+    ``kernel_dir`` go with the last graph that may load them, or at once when
+    this fails."""
+    redirect = _KernelRedirect(kernel_paths)
+    try:
+        needed = {ref[1] for entry in entries for ref in entry.globals.values() if ref[0] == "graph"}
+        graphs = _load_graphs(package, files, redirect, path, needed)
+        checked = [(entry, _store().checked_code(package, entry, path)) for entry in entries if entry.out_code]
+    except BaseException:
+        if kernel_dir is not None:
+            shutil.rmtree(kernel_dir, ignore_errors=True)
+        raise
+    if kernel_dir is not None:
+        # Kernels load when a graph first runs; the copies go with the last
+        # graph that may load them, or at exit.
+        weakref.finalize(redirect, shutil.rmtree, str(kernel_dir), True)
+    return graphs, checked
+
+
+def _load_graphs(package, files, redirect: _KernelRedirect, path, needed: set[str]) -> dict[str, Any]:
+    """The package's graphs the ``needed`` artifacts name; a frozen one is
+    checked against the module it is loaded for (NOTE: [Parameters of
+    frozen packages])."""
+    module = _compiled_module(package._fn)
+    graphs = {}
+    checks_at_call = package.frozen_checks_at_call
+    for name, data in files.items():
+        artifact = graph_name(name)
+        if artifact is not None and artifact in needed:
             try:
-                manager = loaded.guard_manager or load_guard_manager(
-                    loaded.entry.guards_state, code, loaded.f_globals, None
-                )
-                if manager.check(f_locals):
-                    lines.append(f"{what}: accepts the call")
-                    continue
-                reason = get_guard_fail_reason_helper(manager, f_locals, CompileId(-1, 0))
+                graphs[artifact] = deserialize_graph(data, redirect, artifact)
+            except PackageError as e:
+                raise PackageError(f"package {path}: {name}: {e}") from e
             except Exception as e:
-                reason = f"its guards cannot be checked: {type(e).__name__}: {e}"
-            lines.append(f"{what}: rejects the call: {reason.strip().removeprefix('-1/0: ')}")
-        lines.extend(f"dropped at load: {change}" for change in self.stale_entries)
-        return "\n".join(lines) or "no entries are loaded"
+                raise PackageError(f"package {path}: graph {artifact} is damaged: {e!r}"[:600]) from e
+            if not folded_parameters(graphs[artifact]):
+                continue
+            if module is None and checks_at_call is not None:
+                # aot_compile: the module is the first argument of each call.
+                checks_at_call.append((graphs[artifact], f"{artifact} of {path}"))
+            else:
+                check_frozen_parameters(graphs[artifact], module, f"{artifact} of {path}")
+    return graphs
+
+
+def _keep_loaded(package: CompilePackage, files, manifest: dict, saved_sources: SourceInfo, entries: list[_Entry], kernel_paths) -> None:
+    """Keep what a load read in ``package``: a save of it holds the loaded
+    entries, their graphs and kernels, devices and sources too."""
+    package._loaded_devices |= set(manifest.get("device", "cpu").split(","))
+    package._loaded_frozen = package._loaded_frozen or bool(manifest.get("frozen"))
+    package._loaded_kernels.update({h: files[kernel_file(h)] for h in kernel_paths})
+    package._loaded_graph_blobs.update(
+        {artifact: data for name, data in files.items() if (artifact := graph_name(name)) is not None}
+    )
+    package._entries_from_packages |= {id(entry) for entry in entries}
+    package.source_info.inlined_sources |= saved_sources.inlined_sources
+    skips = [entry for entry in entries if not entry.out_code]
+    package.skipped.extend(skips)
+    package._loaded_skips.extend(skips)
+
+
+def _install_loaded(package, entry: _Entry, graphs: dict, codes: dict) -> Optional[_LoadedEntry]:
+    allowed = _modules_named_by_live_function(package._fn)
+    module = sys.modules.get(entry.global_module)
+    if module is None or (allowed is not None and entry.global_module not in allowed):
+        # Never imported by name, never run in a module the function does not name.
+        warnings.warn(
+            f"torch.compile package: entry of {_describe_key(entry.code_key)} skipped: its "
+            f"module {entry.global_module[:100]!r} is not one the compiled function's globals name"
+            + ("" if module is not None else " (nor imported)")
+        )
+        return None
+    f_globals = _live_function_globals(package._fn).get(entry.global_module, vars(module))
+    renames = {}
+    for name, ref in entry.globals.items():
+        unique = f"{name}_pkg{package._uid}"
+        if ref[0] == "graph":
+            f_globals[unique] = graph_for_bytecode(graphs[ref[1]])
+            renames[name] = unique
+        elif ref[0] == "resume":
+            fn = types.FunctionType(codes[name], f_globals, ref[1])
+            f_globals[unique] = fn
+            renames[name] = unique
+        elif ref[0] == "module":
+            f_globals.setdefault(name, _named_module(ref[1], entry))
+        else:
+            from torch._dynamo.guard_serialization import _NamedRef, resolve_name
+
+            f_globals.setdefault(name, resolve_name(_NamedRef(ref[1], ref[2])))
+    # See NOTE: [Names a loaded entry installs keep their numbers]
+    from torch._dynamo.guard_serialization import reserve_dynamo_global_names
+
+    reserve_dynamo_global_names(name for name in entry.globals if name not in renames)
+    out_code = _rename_globals(codes[""], renames)
+    loaded = _LoadedEntry(entry, out_code, f_globals)
+    package._loaded.append(loaded)
+    return loaded
+
+
+def _build_guard_manager(package: CompilePackage, loaded: _LoadedEntry, code: types.CodeType, cache_entry) -> bool:
+    """Build ``loaded``'s guard manager for frames of ``code``; False (the
+    entry dropped, with a warning) when its guards cannot be rebuilt here."""
+    try:
+        loaded.guard_manager = load_guard_manager(loaded.entry.guards_state, code, loaded.f_globals, cache_entry)
+    except PackageError as e:
+        # Its guards cannot be rebuilt in this process: the entry is
+        # dropped and the frame compiles (or fail_on_recompile says so).
+        package._loaded.remove(loaded)
+        warnings.warn(
+            f"compile package entry for {code.co_name} "
+            f"({code.co_filename}:{code.co_firstlineno}) cannot be used: {e}",
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
+def _installed_hit(package: CompilePackage, loaded: _LoadedEntry, code: types.CodeType):
+    """The cache entry of ``loaded``, whose guards accepted a frame of ``code``."""
+    from torch._dynamo.convert_frame import input_codes, orig_code_map, output_codes
+    from torch._dynamo.types import GuardedCode
+    from torch._guards import CompileId
+
+    # NOTE: [Bookkeeping of installed entries]
+    # What _compile records for a cache entry it installs, recorded for
+    # one installed from the package: torch._dynamo.reset() clears the
+    # cache entries of the codes in input_codes (a code missing there
+    # keeps a stale entry whose out_code orig_code_map no longer knows,
+    # and the next guard failure on it raises KeyError in
+    # get_guard_fail_reason), and Dynamo never compiles an out_code.
+    input_codes.add(code)
+    orig_code_map[loaded.out_code] = code
+    output_codes.add(loaded.out_code)
+    manager = loaded.guard_manager
+    # A guard manager belongs to one cache entry; a later miss rebuilds.
+    loaded.guard_manager = None
+    origin = entry_origin(package, loaded.entry)
+    if origin is not None:
+        _note_origin(manager, origin, code)
+    return GuardedCode(
+        loaded.out_code,
+        manager,
+        CompileId(-1, 0),
+        "Torch-Compiled Region: loaded from package",
+    )
+
+
+def _explain(package: CompilePackage, args: tuple, kwargs: dict) -> str:
+    """What CompilePackage.explain says (see there)."""
+    from torch._dynamo.guards import get_guard_fail_reason_helper
+    from torch._guards import CompileId
+
+    fn = package._fn
+    module = fn if isinstance(fn, torch.nn.Module) else None
+    target = type(fn).forward if module is not None else fn
+    # The function whose frame Dynamo compiled: a decorator's wrapper if any.
+    target = getattr(target, "__func__", target)
+    if module is None and getattr(fn, "__self__", None) is not None:
+        args = (fn.__self__, *args)
+    elif module is not None:
+        args = (module, *args)
+    bound = inspect.signature(target, follow_wrapped=False).bind(*args, **kwargs)
+    bound.apply_defaults()
+    f_locals = dict(bound.arguments)
+    code = target.__code__
+    for name, cell in zip(code.co_freevars, target.__closure__ or ()):
+        f_locals[name] = cell.cell_contents
+    lines = []
+    for loaded in package._loaded:
+        what = f"{loaded.where} ({_describe_key(loaded.entry.code_key)})"
+        if not package._entry_matches(loaded.entry, code):
+            lines.append(f"{what}: not for this call's frame (checked when its frame runs)")
+            continue
+        try:
+            manager = loaded.guard_manager or load_guard_manager(
+                loaded.entry.guards_state, code, loaded.f_globals, None
+            )
+            if manager.check(f_locals):
+                lines.append(f"{what}: accepts the call")
+                continue
+            reason = get_guard_fail_reason_helper(manager, f_locals, CompileId(-1, 0))
+        except Exception as e:
+            reason = f"its guards cannot be checked: {type(e).__name__}: {e}"
+        lines.append(f"{what}: rejects the call: {reason.strip().removeprefix('-1/0: ')}")
+    lines.extend(f"dropped at load: {change}" for change in package.stale_entries)
+    return "\n".join(lines) or "no entries are loaded"
 
 
 def explain_entries(compiled, *args, **kwargs) -> str:
@@ -1082,17 +1036,6 @@ def _lookup_or_explain(lookup, frame, cache_entry):
     return hit
 
 
-# ---------------------------------------------------------------------------
-# Files
-# ---------------------------------------------------------------------------
-
-
-
-# ---------------------------------------------------------------------------
-# Upstream's shape: cache entries, stores, the Dynamo cache
-# ---------------------------------------------------------------------------
-
-
 # NOTE: [Packages in upstream's shape]
 # Upstream (torch 2.8+) splits what a torch.compile() saves in two: a
 # _DynamoCacheEntry (one _DynamoCodeCacheEntry per code Dynamo compiled: its
@@ -1115,220 +1058,6 @@ def _lookup_or_explain(lookup, frame, cache_entry):
 # package.cache_entry() records, and when it becomes files: NOTE: [Recording a
 # package's cache entry].
 
-
-@dataclasses.dataclass(frozen=True)
-class InlinedSource:
-    """A function Dynamo inlined into a saved frame, and its source's hash."""
-
-    module: str
-    firstlineno: int
-    lastlineno: int
-    checksum: str
-
-
-@dataclasses.dataclass
-class SourceInfo:
-    """The sources a package's entries were traced from (checked at load)."""
-
-    inlined_sources: set[InlinedSource] = dataclasses.field(default_factory=set)
-
-    def add_code(self, code: types.CodeType) -> None:
-        self.add_record(inlined_code_record(code))
-
-    def add_record(self, record: tuple) -> None:
-        """Add an inlined function's record (torch/_dynamo/package_sources.py)
-        when it holds the hash of its source lines, read the way a load reads
-        them, so that an unchanged file always hashes the same."""
-        _, module, _, _, first, last, digest = record
-        if digest.startswith("lines:"):
-            self.inlined_sources.add(
-                InlinedSource(module=module, firstlineno=first, lastlineno=last, checksum=digest.removeprefix("lines:"))
-            )
-
-    def check_unchanged(self) -> None:
-        """RuntimeError naming the first inlined source that changed since save."""
-        for source in sorted(self.inlined_sources, key=dataclasses.astuple):
-            module = sys.modules.get(source.module)
-            current = _module_lines(module, source.firstlineno, source.lastlineno)
-            if current is None or _sha256("".join(current).encode()) != source.checksum:
-                raise RuntimeError(
-                    f"Source code changes detected for {source.module} "
-                    f"(line {source.firstlineno} - line {source.lastlineno})"
-                )
-
-    def as_fields(self) -> list[list]:
-        return [list(dataclasses.astuple(s)) for s in sorted(self.inlined_sources, key=dataclasses.astuple)]
-
-    @classmethod
-    def from_fields(cls, fields, where) -> SourceInfo:
-        if not isinstance(fields, list) or not all(
-            isinstance(f, list)
-            and len(f) == 4
-            and isinstance(f[0], str)
-            and isinstance(f[1], int)
-            and isinstance(f[2], int)
-            and isinstance(f[3], str)
-            for f in fields
-        ):
-            raise PackageError(f"package {where}: its manifest's inlined_sources are malformed")
-        return cls({InlinedSource(*f) for f in fields})
-
-
-def _module_lines(module, first: int, last: int) -> Optional[list[str]]:
-    """Lines first..last of ``module``'s source as it is now on disk."""
-    lines = read_module_lines(getattr(module, "__file__", None))
-    if lines is None or last > len(lines):
-        return None
-    return lines[first - 1 : last]
-
-
-@dataclasses.dataclass(frozen=True)
-class SystemInfo:
-    """The Python, torch and accelerator a package was saved with."""
-
-    python_version: str
-    torch_version: str
-    toolkit_version: Optional[str]
-    gpu_name: Optional[str]
-    CHECK_GPUS = ("cuda", "xpu")
-
-    @classmethod
-    def current(cls) -> SystemInfo:
-        import platform
-
-        gpu_name = toolkit_version = None
-        for device_type in cls.CHECK_GPUS:
-            device_module = getattr(torch, device_type, None)
-            if device_module is not None and device_module.is_available():
-                gpu_name = device_module.get_device_name()
-                toolkit_version = getattr(torch.version, device_type, None)
-                break
-        # The release, as the manifest records it (_environment): the patched
-        # wheel's local version (+overlay...) and CUDA tag do not change the format.
-        return cls(platform.python_version(), str(torch.__version__).split("+")[0], toolkit_version, gpu_name)
-
-    def check_compatibility(self, other: SystemInfo, device_type: str = "cpu") -> None:
-        """RuntimeError (upstream's wording) when ``other`` cannot load what
-        ``self`` saved on ``device_type``."""
-        if self.python_version != other.python_version:
-            raise RuntimeError(
-                f"Compile package was created with a different Python version: {self.python_version}"
-            )
-        if self.torch_version != other.torch_version:
-            raise RuntimeError(
-                f"Compile package was created with a different PyTorch version: {self.torch_version}"
-            )
-        if device_type in self.CHECK_GPUS:
-            if not getattr(torch, device_type).is_available():
-                raise RuntimeError(f"{device_type} is not available")
-            if self.toolkit_version != other.toolkit_version:
-                raise RuntimeError(
-                    f"Compile package was created with a different toolkit version: {self.toolkit_version}"
-                )
-            if self.gpu_name is not None and self.gpu_name != other.gpu_name:
-                raise RuntimeError(
-                    f"Compile package was created with different GPU: cached={self.gpu_name}, "
-                    f"current={other.gpu_name}"
-                )
-
-
-
-@functools.lru_cache(maxsize=1024)
-def _resume_ref_fingerprint(data: bytes) -> str:
-    """The fingerprint of the resume function a global reference holds (the
-    key of that function's own entries: NOTE: [Keys of package entries])."""
-    return code_fingerprint(load_code(data, "a resume function"))
-
-
-@dataclasses.dataclass
-class _DynamoCodeCacheEntry:
-    """One code Dynamo compiled under a package (upstream's name and fields):
-    the module whose globals it runs in; the global names its callers reach it
-    by (a resume function, which a load installs as a global of that module:
-    install_to_global); its entries (guarded_codes: bytecode and guards, or
-    Dynamo's decision to skip it, NOTE: [Frames Dynamo skips]); the modules its
-    bytecode names and the graphs (backend ids) it calls. A bypassed code is
-    saved without its entries: a fresh process compiles it again."""
-
-    code_key: tuple
-    python_module: str
-    function_names: list[str]
-    guarded_codes: list[_Entry]
-    import_sources: dict[str, str]
-    backend_ids: list[str]
-    install_to_global: bool
-    code_source: Optional[str] = None
-    has_compile_id: bool = True
-    bypassed: bool = False
-
-
-def _codes_of_entries(entries: list[_Entry], root_qualnames: frozenset = frozenset()) -> list[_DynamoCodeCacheEntry]:
-    """``entries`` grouped by the code they were compiled for, in order. A code
-    of ``root_qualnames`` (the compiled callable's own) has no function name,
-    as upstream's main code has none."""
-    names_by_fingerprint: dict[str, list[str]] = {}
-    for entry in entries:
-        for name, ref in entry.globals.items():
-            if ref[0] == "resume":
-                names = names_by_fingerprint.setdefault(_resume_ref_fingerprint(ref[2]), [])
-                if name not in names:
-                    names.append(name)
-    codes: dict[tuple, _DynamoCodeCacheEntry] = {}
-    for entry in entries:
-        key = tuple(entry.code_key)
-        code = codes.get(key)
-        if code is None:
-            if key[0] == "resume":
-                names = list(names_by_fingerprint.get(key[2], []))
-            elif key[0] == "function" and key[2] not in root_qualnames:
-                names = [key[2]]
-            else:
-                names = []
-            code = codes[key] = _DynamoCodeCacheEntry(
-                code_key=key,
-                python_module=entry.global_module,
-                function_names=names,
-                guarded_codes=[],
-                import_sources={},
-                backend_ids=[],
-                install_to_global=key[0] == "resume" and bool(names),
-            )
-        code.guarded_codes.append(entry)
-        for name, ref in entry.globals.items():
-            if ref[0] == "graph" and ref[1] not in code.backend_ids:
-                code.backend_ids.append(ref[1])
-            elif ref[0] == "module":
-                code.import_sources[name] = ref[1]
-    return list(codes.values())
-
-
-def _bypassed_codes(manifest: dict, where) -> list[_DynamoCodeCacheEntry]:
-    """The codes a package was saved without (its manifest's bypassed_codes)."""
-    keys = manifest.get("bypassed_codes", [])
-    if not (
-        isinstance(keys, list)
-        and all(
-            isinstance(key, list)
-            and len(key) == 3
-            and key[0] in _CODE_KEY_KINDS
-            and all(isinstance(part, str) for part in key)
-            for key in keys
-        )
-    ):
-        raise PackageError(f"package {where}: its manifest's bypassed_codes are malformed")
-    return [
-        _DynamoCodeCacheEntry(
-            code_key=tuple(key),
-            python_module=key[1] if key[0] != "resume" else "",
-            function_names=[],
-            guarded_codes=[],
-            import_sources={},
-            backend_ids=[],
-            install_to_global=False,
-            bypassed=True,
-        )
-        for key in keys
-    ]
 
 
 # NOTE: [Recording a package's cache entry]

@@ -20,6 +20,7 @@ import logging
 import os
 import pickle
 import types
+import warnings
 import weakref
 from typing import Any, Callable, Optional, TYPE_CHECKING
 
@@ -99,6 +100,26 @@ class _EntryRecording:
 
 
 
+def exclude(package: CompilePackage, code, reason: str) -> None:
+    """The entry of ``code`` stays out of ``package``, for ``reason``."""
+    leave_out(
+        package,
+        f"torch.compile package: the entry for {code.co_qualname} "
+        f"({code.co_filename}:{code.co_firstlineno}) is not saved: {reason}",
+    )
+
+
+def leave_out(package: CompilePackage, message: str) -> None:
+    """An entry stays out of the package: a warning, or with
+    strict precompile (:func:`~torch._dynamo.package.strict_precompile`) an error."""
+    from .package import strict_precompile
+
+    if strict_precompile():
+        raise PackageError(message)
+    package._unsaveable.append(message)
+    warnings.warn(message, stacklevel=3)
+
+
 @contextlib.contextmanager
 def _entry_recording(package, code: types.CodeType):
     """The recording of ``code``'s entry: the current one when Dynamo
@@ -124,12 +145,12 @@ def record_compile(package, code, out_code, guards_state, f_globals) -> None:
         saved_code = dump_code(out_code)
         sources = entry_sources(package, key, code)
     except PackageError as e:
-        package._exclude(code, str(e))
+        exclude(package, code, str(e))
         return
     except Exception as e:
         # See NOTE: [A save never loses what it could save]
         log.debug("recording the entry of %s failed", code.co_qualname, exc_info=True)
-        package._exclude(code, f"recording it raised {type(e).__name__}: {e}"[:800])
+        exclude(package, code, f"recording it raised {type(e).__name__}: {e}"[:800])
         return
     package.entries.append(
         _Entry(
@@ -202,7 +223,7 @@ def guards_refused(package, code, error: PackageError) -> None:
             "and buffers of the compiled module (reached from self), so compile the "
             "module that owns the parameters"
         )
-    package._exclude(code, reason)
+    exclude(package, code, reason)
 
 
 # NOTE: [Frames Dynamo skips]
@@ -248,7 +269,7 @@ def keep_resolvable(package, entries: list[_Entry]) -> list[_Entry]:
     out with a warning naming them (NOTE: [Keys of package entries])."""
     kept, reasons = resolvable(package, entries)
     for reason in reasons:
-        package._leave_out(reason)
+        leave_out(package, reason)
     return kept
 
 def resolvable(package, entries: list[_Entry]) -> tuple[list[_Entry], list[str]]:
@@ -728,7 +749,8 @@ def adopt_shared_entries(package) -> None:
     except Exception as e:
         # See NOTE: [A save never loses what it could save]
         log.debug("finding the entries package %s shares failed", package.path, exc_info=True)
-        package._leave_out(
+        leave_out(
+            package,
             f"torch.compile package {package.path}: entries of other packages that its model "
             f"may run are not saved: finding them raised {type(e).__name__}: {e}"[:800]
         )

@@ -57,6 +57,7 @@ from .package_entries import (
     _Entry,
     _inline_wrapper_code,
     _is_resume_code,
+    _modules_named_by_live_function,
     _resolve_code,
     RUN_ONLY_CODE,
     SKIP_CODE,
@@ -69,7 +70,7 @@ from .package_format import (
     PACKAGE_FORMAT_VERSION,
     SIGNATURE_FILE,
 )
-from .package_recording import _refused_option, adopt_shared_entries, keep_resolvable
+from .package_recording import _refused_option, adopt_shared_entries, keep_resolvable, leave_out
 from .package_sources import check_source_records, LiveSources
 from .package_trust import (
     check_files,
@@ -358,7 +359,8 @@ def _entries_with_graphs(package: CompilePackage, failed: dict[str, str]) -> lis
     for entry in package.entries:
         bad = [failed[ref[1]] for ref in entry.globals.values() if ref[0] == "graph" and ref[1] in failed]
         if bad:
-            package._leave_out(
+            leave_out(
+                package,
                 f"torch.compile package: an entry of {_describe_key(entry.code_key)} is not "
                 f"saved: its graph cannot be packaged: {bad[0]}"
             )
@@ -499,7 +501,7 @@ def checked_code(package, entry: _Entry, path) -> dict[str, types.CodeType]:
             codes[name] = code
     _check_guards_state(entry, codes[""], what)
     _check_entry_module(entry, sys.modules.get(entry.global_module), codes[""])
-    _check_global_refs(entry, what, package._modules_named_by_live_function())
+    _check_global_refs(entry, what, _modules_named_by_live_function(package._fn))
     return codes
 
 
