@@ -608,7 +608,7 @@ def _compile_fullgraph(fn, backend, args, kwargs, guard_filter, dynamic=None) ->
     )(fresh)
     # What runs is the copy, whose code holds this compile's entry alone: the
     # package takes no other package's entries of fn's code when saved (NOTE:
-    # [Entries a package's model uses] in package.py); it saves its one entry.
+    # [Entries a package's model uses] in package_recording.py); it saves its one entry.
     package._runs_a_model = False
     # See NOTE: [aot_compile is not a recompile]
     with torch.compiler.set_stance("default"):
