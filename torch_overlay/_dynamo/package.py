@@ -423,8 +423,9 @@ class CompilePackage:
         (the graphs they call, as the store returned them)."""
         if self._pending is None:
             raise AssertionError("install() needs a package made from a cache entry (DynamoStore.load_package)")
+        # Files made from the entry just now: their hashes need no check.
         files, manifest = _store().cache_entry_files(PrecompileCacheEntry(self._pending, dict(backends)))
-        self.load_files(files, manifest, self._store_key or "<cache entry>")
+        self.load_files(files, manifest, self._store_key or "<cache entry>", verified=True)
         self._pending = None
         _installed_packages.add(self)
         # See NOTE: [Installed packages and torch._dynamo.reset()]
@@ -508,6 +509,14 @@ class CompilePackage:
         package_recording.guards_refused(self, code, error)
 
     # -- save and load -------------------------------------------------------
+    # NOTE: [One check per stage of a load]
+    # A load reads, checks, decodes and installs, each once: the store reads
+    # the files and checks the manifest and every file's hash as it reads
+    # (package_store.read_files, read_package), so load_files, given files the
+    # store read (verified=True), reads the entries and checks what they name
+    # without hashing again; the artifacts module decodes the graphs; the
+    # package installs. load_files checks the hashes itself for files read
+    # elsewhere.
     def save(self, path: Optional[str] = None) -> str:
         """Write the package as a directory (see NOTE: [Package format]); what
         cannot be saved is left out (NOTE: [A save never loses what it could save])."""
@@ -542,22 +551,23 @@ class CompilePackage:
         if given is None:
             raise PackageError("no package path: pass torch.compile(..., package=path)")
         files, manifest, where = _store().read_files(given)
-        loaded = self.load_files(files, manifest, where)
+        loaded = self.load_files(files, manifest, where, verified=True)
         # See NOTE: [Frames of loaded packages]
         _count_loaded_frames(int(self.load_stats["codes"]))
         return loaded
 
-    def load_files(self, files, manifest, path):
+    def load_files(self, files, manifest, path, *, verified: bool = False):
         """Install entries from a package's verified files (directory or archive).
 
         Everything is checked before anything is installed: the manifest's
-        fields, every file against its sha256, the entries' structure, the
+        fields, every file against its sha256 (unless ``verified``: the store
+        read them so, NOTE: [One check per stage of a load]), the entries' structure, the
         graphs and kernels they name, their bytecode and guards against the
         live function; a failed load leaves nothing behind (no temp files).
         The garbage collector is left as it is (NOTE: [Loads leave the
         garbage collector alone])."""
         started = time.perf_counter()
-        manifest, saved_sources, entries = _store().verified_entries(files, manifest, path)
+        manifest, saved_sources, entries = _store().verified_entries(files, manifest, path, verified)
         numbers = {id(entry): number for number, entry in enumerate(entries)}
         entries = _store().drop_stale(self, entries, path)
         kernel_dir, kernel_paths = extract_kernels(files, path)

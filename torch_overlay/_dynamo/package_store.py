@@ -434,12 +434,16 @@ def read_files(path) -> tuple[dict[str, bytes], dict, Any]:
     return package.files, package.manifest, where
 
 
-def verified_entries(files: dict[str, bytes], manifest: dict, path) -> tuple[dict, SourceInfo, list[_Entry]]:
+def verified_entries(
+    files: dict[str, bytes], manifest: dict, path, verified: bool = False
+) -> tuple[dict, SourceInfo, list[_Entry]]:
     """A package's manifest and files checked (its fields, every file against
-    its sha256), the inlined sources it records and its entries, checked to be
+    its sha256) unless ``verified`` says they were (read_files checks both as
+    it reads), the inlined sources it records and its entries, checked to be
     well formed and to name only graphs it holds."""
-    manifest = check_manifest_schema(manifest, path)
-    check_files(files, manifest, path)
+    if not verified:
+        manifest = check_manifest_schema(manifest, path)
+        check_files(files, manifest, path)
     saved_sources = SourceInfo.from_fields(manifest.get("inlined_sources", []), path)
     entries = _read_entries(files, path)
     _check_package_contents(entries, files, path)
@@ -605,9 +609,8 @@ class DiskDynamoStore(DynamoStore):
 
     def read(self, path: str) -> PrecompileCacheEntry:
         where = self._where(path)
+        # read_files checked the manifest and every file's hash.
         files, manifest, _ = read_files(where)
-        manifest = check_manifest_schema(manifest, where)
-        check_files(files, manifest, where)
         return cache_entry_from_files(files, manifest, where)
 
 
