@@ -13,8 +13,11 @@ trace, no AOTAutograd, no Inductor codegen and no C++ compiler.
 Provides :class:`CompilePackage`, :class:`PackageAwareConvertFrame` (the frame
 callback wrapper), the package format (:data:`PACKAGE_FORMAT_VERSION`), and
 upstream's entry points to saved guards, :func:`load_guards_state` and
-:func:`load_guard_manager`. The graphs' artifacts and the package's files are
-torch/_dynamo/package_artifacts.py (NOTE: [Package format]).
+:func:`load_guard_manager`, and upstream's cache entries and stores. Around it:
+what an entry is and how its code is found again (package_entries.py), what a
+compile records (package_recording.py), the package directory and the disk
+stores (package_store.py, whose names this module serves too), the graphs'
+artifacts (package_artifacts.py, NOTE: [Package format]).
 """
 
 from __future__ import annotations
@@ -200,7 +203,6 @@ def _recording(package: Optional[CompilePackage]):
         _tls.package = previous
 
 
-
 def _named_module(name: str, entry: _Entry) -> types.ModuleType:
     """A module alias the saved bytecode reads: one already imported, or torch's own."""
     module = sys.modules.get(name)
@@ -220,7 +222,6 @@ def _named_module(name: str, entry: _Entry) -> types.ModuleType:
 
 
 _NOT_YET = object()
-
 
 
 class CompilePackage:
@@ -975,7 +976,6 @@ def _code_frame_action(result) -> str:
     return {FrameAction.SKIP: SKIP_CODE, FrameAction.RUN_ONLY: RUN_ONLY_CODE}.get(strategy.cur_action, "")
 
 
-
 def find_precompiled_lookup(callback):
     """The package lookup behind a (wrapped) Dynamo callback, if it has one.
 
@@ -1067,7 +1067,6 @@ def _lookup_or_explain(lookup, frame, cache_entry):
 # all read and write one format, through one trust check (read_package). What
 # package.cache_entry() records, and when it becomes files: NOTE: [Recording a
 # package's cache entry].
-
 
 
 # NOTE: [Recording a package's cache entry]
@@ -1398,7 +1397,6 @@ class InMemoryDynamoStore(DynamoStore):
         if path not in self.packages:
             raise RuntimeError(f"No package found with key {path}")
         return self.packages[path]
-
 
 
 def _store():

@@ -412,7 +412,6 @@ class SystemInfo:
                 )
 
 
-
 @functools.lru_cache(maxsize=1024)
 def _resume_ref_fingerprint(data: bytes) -> str:
     """The fingerprint of the resume function a global reference holds (the

@@ -99,7 +99,6 @@ class _EntryRecording:
         return refs
 
 
-
 def exclude(package: CompilePackage, code, reason: str) -> None:
     """The entry of ``code`` stays out of ``package``, for ``reason``."""
     leave_out(
@@ -629,7 +628,6 @@ def backend_kind(backend) -> str:
     return f"{_CUSTOM_BACKEND}{name or type(backend).__qualname__}"
 
 
-
 # NOTE: [Entries a package's model uses]
 # Dynamo's cache lives on code objects, not on torch.compile() wrappers: a model
 # and its EMA copy (one class) compiled with two packages share their forward's
@@ -690,7 +688,6 @@ def _same_cache_key(key, other) -> bool:
     return key is other or (type(key) is type(other) and bool(key == other))
 
 
-
 @dataclasses.dataclass
 class _EntryOrigin:
     """An entry of one package and what another package needs to hold it too
@@ -706,7 +703,6 @@ class _EntryOrigin:
     from_package: bool
     sources: set  # the owner's inlined sources (its live set)
     cache_key: Any  # the owner's backend as the C cache keys entries (None: unknown)
-
 
 
 def entry_origin(package, entry: _Entry) -> Optional[_EntryOrigin]:
