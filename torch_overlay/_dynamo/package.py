@@ -471,11 +471,8 @@ class CompilePackage:
             return None
         if self._inline_wrapped is _NOT_YET:
             cls = type(module)
-            self._inline_wrapped = (
-                (cls.__module__, cls.__qualname__)
-                if _compiled_through_inline_wrapper(module)
-                else None
-            )
+            wrapped = _compiled_through_inline_wrapper(module)
+            self._inline_wrapped = (cls.__module__, cls.__qualname__) if wrapped else None
         return self._inline_wrapped
 
     def _key_for(self, code, f_globals) -> tuple:
@@ -489,9 +486,7 @@ class CompilePackage:
         """Whether ``entry`` was saved for frames of ``code``."""
         key = entry.code_key
         if key[0] == "resume":
-            return (
-                len(key) == 3 and _is_resume_code(code) and code_fingerprint(code) == key[2]
-            )
+            return len(key) == 3 and _is_resume_code(code) and code_fingerprint(code) == key[2]
         if key[0] == "inline_wrapper":
             return code is _inline_wrapper_code() and self._inline_wrapped_class() == tuple(key[1:])
         return _resolve_code(key, self._root_codes()) is code
@@ -510,14 +505,6 @@ class CompilePackage:
         package_recording.guards_refused(self, code, error)
 
     # -- save and load -------------------------------------------------------
-    # NOTE: [One check per stage of a load]
-    # A load reads, checks, decodes and installs, each once: the store reads
-    # the files and checks the manifest and every file's hash as it reads
-    # (package_store.read_files, read_package), so load_files, given files the
-    # store read (verified=True), reads the entries and checks what they name
-    # without hashing again; the artifacts module decodes the graphs; the
-    # package installs. load_files checks the hashes itself for files read
-    # elsewhere.
     def save(self, path: Optional[str] = None) -> str:
         """Write the package as a directory (see NOTE: [Package format]); what
         cannot be saved is left out (NOTE: [A save never loses what it could save])."""
@@ -642,6 +629,16 @@ class CompilePackage:
 # ---------------------------------------------------------------------------
 # Installing what a load read, and looking it up
 # ---------------------------------------------------------------------------
+
+
+# NOTE: [One check per stage of a load]
+# A load reads, checks, decodes and installs, each once: the store reads
+# the files and checks the manifest and every file's hash as it reads
+# (package_store.read_files, read_package), so load_files, given files the
+# store read (verified=True), reads the entries and checks what they name
+# without hashing again; the artifacts module decodes the graphs; the
+# package installs. load_files checks the hashes itself for files read
+# elsewhere.
 
 
 def _decode_entries(package: CompilePackage, files, entries: list[_Entry], kernel_dir, kernel_paths, path):
