@@ -426,7 +426,7 @@ class CompilePackage:
             raise AssertionError("install() needs a package made from a cache entry (DynamoStore.load_package)")
         # Files made from the entry just now: their hashes need no check.
         files, manifest = _store().cache_entry_files(PrecompileCacheEntry(self._pending, dict(backends)))
-        self.load_files(files, manifest, self._store_key or "<cache entry>", verified=True)
+        self.load_files(files, manifest, self._store_key or "<cache entry>", files_checked=True)
         self._pending = None
         _installed_packages.add(self)
         # See NOTE: [Installed packages and torch._dynamo.reset()]
@@ -539,23 +539,23 @@ class CompilePackage:
         if given is None:
             raise PackageError("no package path: pass torch.compile(..., package=path)")
         files, manifest, where = _store().read_files(given)
-        loaded = self.load_files(files, manifest, where, verified=True)
+        loaded = self.load_files(files, manifest, where, files_checked=True)
         # See NOTE: [Frames of loaded packages]
         _count_loaded_frames(int(self.load_stats["codes"]))
         return loaded
 
-    def load_files(self, files, manifest, path, *, verified: bool = False):
+    def load_files(self, files, manifest, path, *, files_checked: bool = False):
         """Install entries from a package's verified files (directory or archive).
 
         Everything is checked before anything is installed: the manifest's
-        fields, every file against its sha256 (unless ``verified``: the store
+        fields, every file against its sha256 (unless ``files_checked``: the store
         read them so, NOTE: [One check per stage of a load]), the entries' structure, the
         graphs and kernels they name, their bytecode and guards against the
         live function; a failed load leaves nothing behind (no temp files).
         The garbage collector is left as it is (NOTE: [Loads leave the
         garbage collector alone])."""
         started = time.perf_counter()
-        manifest, saved_sources, entries = _store().verified_entries(files, manifest, path, verified)
+        manifest, saved_sources, entries = _store().verified_entries(files, manifest, path, files_checked)
         numbers = {id(entry): number for number, entry in enumerate(entries)}
         entries = _store().drop_stale(self, entries, path)
         kernel_dir, kernel_paths = extract_kernels(files, path)
@@ -635,7 +635,7 @@ class CompilePackage:
 # A load reads, checks, decodes and installs, each once: the store reads
 # the files and checks the manifest and every file's hash as it reads
 # (package_store.read_files, read_package), so load_files, given files the
-# store read (verified=True), reads the entries and checks what they name
+# store read (files_checked=True), reads the entries and checks what they name
 # without hashing again; the artifacts module decodes the graphs; the
 # package installs. load_files checks the hashes itself for files read
 # elsewhere.

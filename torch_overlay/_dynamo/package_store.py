@@ -435,13 +435,13 @@ def read_files(path) -> tuple[dict[str, bytes], dict, Any]:
 
 
 def verified_entries(
-    files: dict[str, bytes], manifest: dict, path, verified: bool = False
+    files: dict[str, bytes], manifest: dict, path, files_checked: bool = False
 ) -> tuple[dict, SourceInfo, list[_Entry]]:
     """A package's manifest and files checked (its fields, every file against
-    its sha256) unless ``verified`` says they were (read_files checks both as
-    it reads), the inlined sources it records and its entries, checked to be
+    its sha256) unless ``files_checked`` says they were (read_files checks both
+    as it reads), the inlined sources it records and its entries, checked to be
     well formed and to name only graphs it holds."""
-    if not verified:
+    if not files_checked:
         manifest = check_manifest_schema(manifest, path)
         check_files(files, manifest, path)
     saved_sources = SourceInfo.from_fields(manifest.get("inlined_sources", []), path)

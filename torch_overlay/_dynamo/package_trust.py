@@ -1020,7 +1020,7 @@ def describe(path: Path) -> dict:
     entries = []
     dynamo_blob = files.get(DYNAMO_FILE)
     if dynamo_blob is not None:
-        from torch._dynamo.package import _BuiltinsOnlyUnpickler
+        from torch._dynamo.package_store import _BuiltinsOnlyUnpickler
 
         try:
             raw_entries = _BuiltinsOnlyUnpickler(io.BytesIO(dynamo_blob)).load()
