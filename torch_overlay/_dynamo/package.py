@@ -86,6 +86,7 @@ from .package_recording import (  # noqa: F401 (backend_kind, compile_options, _
     _with_frozen_parameter_filter,
     adopt_shared_entries,
     backend_kind,
+    strict_precompile,
     compile_options,
     entry_origin,
     keep_resolvable,
@@ -166,26 +167,6 @@ def load_guard_manager(
         shape_code_parts=guards_state.shape_code_parts,
         runtime_global_scope=runtime_global_scope,
     ).guard_manager
-
-
-# NOTE: [One strict flag]
-# Whether an entry precompile cannot save (or a stale entry at load) is an
-# error rather than a warning is one choice, upstream's
-# config.strict_precompile. The compile packages' earlier name for it,
-# config.package_strict (env TORCH_DYNAMO_PACKAGE_STRICT), is kept as another
-# spelling of that choice. A config alias would make it one flag in the config
-# module itself, but torch 2.6.0 (a supported base) has no config aliases, so
-# the two are read together in one place, strict_precompile(), and nowhere
-# else. strict_precompile alone also makes an AOTAutograd cache bypass raise
-# (in the patched AOTAutograd cache, which reads upstream's flag).
-
-
-def strict_precompile() -> bool:
-    """Whether precompile refuses what it would leave out with a warning
-    (NOTE: [One strict flag])."""
-    from torch._dynamo import config
-
-    return bool(config.strict_precompile or config.package_strict)
 
 
 def current_package() -> Optional[CompilePackage]:

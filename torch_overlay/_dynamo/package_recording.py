@@ -99,6 +99,26 @@ class _EntryRecording:
         return refs
 
 
+# NOTE: [One strict flag]
+# Whether an entry precompile cannot save (or a stale entry at load) is an
+# error rather than a warning is one choice, upstream's
+# config.strict_precompile. The compile packages' earlier name for it,
+# config.package_strict (env TORCH_DYNAMO_PACKAGE_STRICT), is kept as another
+# spelling of that choice. A config alias would make it one flag in the config
+# module itself, but torch 2.6.0 (a supported base) has no config aliases, so
+# the two are read together in one place, strict_precompile(), and nowhere
+# else. strict_precompile alone also makes an AOTAutograd cache bypass raise
+# (in the patched AOTAutograd cache, which reads upstream's flag).
+
+
+def strict_precompile() -> bool:
+    """Whether precompile refuses what it would leave out with a warning
+    (NOTE: [One strict flag])."""
+    from torch._dynamo import config
+
+    return bool(config.strict_precompile or config.package_strict)
+
+
 def exclude(package: CompilePackage, code, reason: str) -> None:
     """The entry of ``code`` stays out of ``package``, for ``reason``."""
     leave_out(
@@ -110,9 +130,7 @@ def exclude(package: CompilePackage, code, reason: str) -> None:
 
 def leave_out(package: CompilePackage, message: str) -> None:
     """An entry stays out of the package: a warning, or with
-    strict precompile (:func:`~torch._dynamo.package.strict_precompile`) an error."""
-    from .package import strict_precompile
-
+    strict precompile (:func:`strict_precompile`) an error."""
     if strict_precompile():
         raise PackageError(message)
     package._unsaveable.append(message)

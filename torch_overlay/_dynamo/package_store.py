@@ -38,7 +38,6 @@ from .package import (
     PrecompileCacheEntry,
     SourceInfo,
     source_id_from_fn,
-    strict_precompile,
     SystemInfo,
 )
 from .package_artifacts import (
@@ -70,7 +69,13 @@ from .package_format import (
     PACKAGE_FORMAT_VERSION,
     SIGNATURE_FILE,
 )
-from .package_recording import _refused_option, adopt_shared_entries, keep_resolvable, leave_out
+from .package_recording import (
+    _refused_option,
+    adopt_shared_entries,
+    keep_resolvable,
+    leave_out,
+    strict_precompile,
+)
 from .package_sources import check_source_records, LiveSources
 from .package_trust import (
     check_files,
