@@ -99,6 +99,7 @@ from .package_format import (
     kernel_file,
     SIGNATURE_FILE,
 )
+from .package_format import PACKAGE_FORMAT_VERSION  # noqa: F401 (the module docstring's)
 from .package_sources import (
     code_fingerprint,
     inlined_code_record,
