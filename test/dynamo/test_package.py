@@ -1186,7 +1186,7 @@ class TestPackageFormat(PackageTestCase):
         self.assertIn("compiled for device 'cuda'", self.load_error())
 
     def test_crashed_save_leaves_the_previous_package_intact(self):
-        from torch._dynamo import package as package_mod
+        from torch._dynamo import package as package_mod, package_store
 
         before = (self.package / "manifest.json").read_text()
         real_mkdtemp = tempfile.mkdtemp
@@ -1197,15 +1197,16 @@ class TestPackageFormat(PackageTestCase):
             raise OSError("disk full")
 
         pkg = package_mod.CompilePackage(lambda x: x, str(self.package))
-        original = package_mod._write_atomically
-        package_mod._write_atomically = lambda path, files, manifest: (
+        # The package directory format writes it (torch/_dynamo/package_store.py).
+        original = package_store._write_atomically
+        package_store._write_atomically = lambda path, files, manifest: (
             original(path, {**files, "graphs/x.bin": None}, manifest)  # type: ignore[dict-item]
         )
         try:
             with self.assertRaises(TypeError):
                 pkg.save()
         finally:
-            package_mod._write_atomically = original
+            package_store._write_atomically = original
         self.assertEqual((self.package / "manifest.json").read_text(), before)
         leftovers = [p.name for p in self.package.parent.iterdir() if p.name.startswith(".pkg")]
         self.assertEqual(leftovers, [])

@@ -94,9 +94,10 @@ def messages(caught):
 if mode == "save":
     if options.get("inject_failure"):
         # The second graph's serialization raises (the first entry's graph saves).
-        import torch._dynamo.package as package_module
+        # The package directory format serializes the graphs (package_store).
+        import torch._dynamo.package_store as package_store
 
-        serialize = package_module.serialize_graph
+        serialize = package_store.serialize_graph
         calls = []
 
         def failing_serialize(record):
@@ -105,7 +106,7 @@ if mode == "save":
                 raise RuntimeError("injected failure")
             return serialize(record)
 
-        package_module.serialize_graph = failing_serialize
+        package_store.serialize_graph = failing_serialize
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compiled(x)

@@ -12,6 +12,7 @@ refused with typed errors.
 import os
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 from unittest import mock
 
@@ -30,7 +31,7 @@ from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
 )
-from torch.testing._internal.fresh_process import run_script
+from torch.testing._internal.fresh_process import run_code, run_script
 
 
 # A module of its own, so that a fresh process finds the compiled functions by name.
@@ -409,6 +410,33 @@ class TestPackageStores(torch._dynamo.test_case.TestCase):
         other = SystemInfo(current.python_version, "1.0", None, None)
         with self.assertRaisesRegex(RuntimeError, "created with a different PyTorch version: 1.0"):
             other.check_compatibility(current)
+
+    def test_split_modules_serve_one_set_of_names(self):
+        # package_store.py builds on package.py, which serves its store names;
+        # imported first, in a fresh interpreter, it gives package.py the same
+        # objects. A saved package names the DDP split graph's classes by
+        # torch._dynamo.package (NOTE: [Split graph classes keep their module]).
+        report = run_code(
+            textwrap.dedent(
+                """
+                import pickle
+                import torch._dynamo.package_store as store
+                import torch._dynamo.package as package
+                from torch.testing._internal.fresh_process import write_report
+
+                names = ("DiskDynamoStore", "DiskDynamoCache", "DynamoCache", "cache_dir", "_BuiltinsOnlyUnpickler")
+                piece = pickle.dumps(package._DDPSplitPiece(True), protocol=0)
+                write_report({
+                    "same": [getattr(package, name) is getattr(store, name) for name in names],
+                    "modules": [package._DDPSplitPiece.__module__, package._DDPSplitGraph.__module__],
+                    "piece_named_by_package": b"torch._dynamo.package\\n_DDPSplitPiece" in piece,
+                })
+                """
+            )
+        )
+        self.assertEqual(report["same"], [True] * 5)
+        self.assertEqual(report["modules"], ["torch._dynamo.package"] * 2)
+        self.assertTrue(report["piece_named_by_package"])
 
 
 instantiate_parametrized_tests(TestPackageStores)

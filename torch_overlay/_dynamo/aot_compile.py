@@ -67,11 +67,11 @@ from .aot_compile_types import (
 )
 from .package_sources import code_fingerprint
 from .package import (
-    _BuiltinsOnlyUnpickler,
     CompilePackage,
     SourceInfo,
     SystemInfo,
 )
+from .package_store import _BuiltinsOnlyUnpickler
 from .package_artifacts import (
     _CUSTOM_BACKEND,
     check_frozen_parameters,
@@ -608,7 +608,7 @@ def _compile_fullgraph(fn, backend, args, kwargs, guard_filter, dynamic=None) ->
     )(fresh)
     # What runs is the copy, whose code holds this compile's entry alone: the
     # package takes no other package's entries of fn's code when saved (NOTE:
-    # [Entries a package's model uses] in package.py); it saves its one entry.
+    # [Entries a package's model uses] in package_recording.py); it saves its one entry.
     package._runs_a_model = False
     # See NOTE: [aot_compile is not a recompile]
     with torch.compiler.set_stance("default"):
@@ -944,7 +944,7 @@ def _closure_mismatch(fn, closure_codes, external) -> Optional[str]:
 def _check_belongs(entry, fn, where) -> None:
     """The loaded bytecode runs in ``fn``'s module and has ``fn``'s code's identity
     (NOTE: [Bytecode of loaded entries])."""
-    from .package import check_bytecode_belongs
+    from .package_store import check_bytecode_belongs
 
     if entry.entry.global_module != fn.__globals__.get("__name__"):
         raise PackageError(

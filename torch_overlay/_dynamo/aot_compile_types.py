@@ -173,7 +173,7 @@ class BundledGraph:
     def from_bytes(cls, data: bytes, name: str = "<bundled graph>") -> BundledGraph:
         """The graph ``serialize`` wrote, read with the package's checks (the
         graph allow-list; kernels only from the bytes; PackageError on damage)."""
-        from torch._dynamo.package import _BuiltinsOnlyUnpickler
+        from torch._dynamo.package_store import _BuiltinsOnlyUnpickler
         from torch._dynamo.package_artifacts import deserialize_graph, redirect_to_kernel_binaries
 
         try:

@@ -612,7 +612,7 @@ class _GraphRecord:
     freezing: bool = False
     frozen_under_no_grad: bool = False
     # What the compile of a frozen graph left behind (NOTE: [Frozen graphs in
-    # packages]); filled by package.py's _AOTCompileListener.
+    # packages]); filled by package_recording.py's _AOTCompileListener.
     frozen: Optional[_FrozenCapture] = None
     # The CPU kernels (argument types, C++ source) Inductor loaded while it
     # compiled the graph (See NOTE: [Kernels of a packaged graph]).
@@ -959,7 +959,7 @@ def _inductor_artifact(record: _GraphRecord, payload: dict) -> bytes:
 # Inductor's cpp.weight_prepack (on by default on CPU) would turn the folded
 # conv and linear weights into MKLDNN tensors, opaque and unserializable: a
 # frozen graph a package records is compiled with it off (NOTE: [Weight
-# prepacking in frozen packages] in package.py). Refused at save, naming why:
+# prepacking in frozen packages] in package_recording.py). Refused at save, naming why:
 # a frozen graph whose constants are MKLDNN tensors all the same (the user set
 # cpp.weight_prepack explicitly, or the process registered Inductor's packing
 # passes at an earlier frozen compile with prepack on), a frozen graph of

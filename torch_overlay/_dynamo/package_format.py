@@ -24,11 +24,11 @@ from typing import Optional
 # The manifest's format_version: a package of another version is refused, not
 # read as this one. 2: resume entries are keyed by a fingerprint of their code,
 # modules compiled through the inline wrapper by their class (NOTE: [Keys of
-# package entries] in torch/_dynamo/package.py). 3: each entry records what it
+# package entries] in torch/_dynamo/package_entries.py). 3: each entry records what it
 # was derived from (NOTE: [What an entry was derived from] in
 # torch/_dynamo/package_sources.py). 4: a recorded decision about a code says
 # whether it skips the code or runs only its cache entries (NOTE: [Frames Dynamo
-# skips] in torch/_dynamo/package.py), and an aot_compile'd function's code and
+# skips] in torch/_dynamo/package_recording.py), and an aot_compile'd function's code and
 # its closure's codes are recorded by package_sources.code_fingerprint, the
 # digest entries' records use (NOTE: [Finding a local function again] in
 # torch/_dynamo/aot_compile.py).

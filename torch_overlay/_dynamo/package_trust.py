@@ -1020,7 +1020,7 @@ def describe(path: Path) -> dict:
     entries = []
     dynamo_blob = files.get(DYNAMO_FILE)
     if dynamo_blob is not None:
-        from torch._dynamo.package import _BuiltinsOnlyUnpickler
+        from torch._dynamo.package_store import _BuiltinsOnlyUnpickler
 
         try:
             raw_entries = _BuiltinsOnlyUnpickler(io.BytesIO(dynamo_blob)).load()
@@ -1071,7 +1071,7 @@ def _describe_entry(fields) -> dict:
         # See NOTE: [What an entry was derived from]
         "derived_from": [describe_record(r)[:300] for r in sources] if check_source_records(sources) else "malformed",
         # A recorded decision about the code, not a compiled entry (NOTE: [Frames
-        # Dynamo skips] in torch/_dynamo/package.py).
+        # Dynamo skips] in torch/_dynamo/package_recording.py).
         **({"frame_action": str(frame_action)[:40]} if frame_action else {}),
     }
 

@@ -5,7 +5,7 @@ records the Dynamo cache entries of compile packages (by key) and the backend
 artifacts their graphs are saved as (by backend id), and
 :meth:`PrecompileContext.save_to_dynamo_cache` stitches them into
 ``PrecompileCacheEntry`` s written to the Dynamo cache
-(``torch._dynamo.package.DynamoCache``). :class:`BackendCacheArtifact` is one
+(``torch._dynamo.package_store.DynamoCache``). :class:`BackendCacheArtifact` is one
 backend's saved graph: :class:`PackageGraphArtifact` (a graph as a compile
 package holds it) or :class:`EagerCacheArtifact` (a live eager graph).
 
@@ -42,10 +42,10 @@ from torch._dynamo.exc import PackageError
 from .package import (
     _DynamoCacheEntry,
     CompilePackage,
-    DynamoCache,
     PrecompileCacheEntry,
     source_id_from_fn,
 )
+from .package_store import DynamoCache
 
 
 log = logging.getLogger(__name__)
