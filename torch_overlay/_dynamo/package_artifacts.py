@@ -1087,15 +1087,15 @@ def _serialize_frozen_graph(record: _GraphRecord) -> tuple[bytes, dict[str, byte
         backward_time_taken_ns=0,
     )
     fw_blob = _compiled_fx_graph_blob(graph._fx_graph_cache_key)
-    payload = {
+    kernels = _kernel_binaries(record)
+    payload: dict[str, Any] = {
         "entry": pickle.dumps(entry),
         "fw_graph": fw_blob,
         "bw_graph": None,
         "aot_config": _aot_config_fields(capture.aot_config),
         "frozen": {**state, "constants": constants, "parameters": _frozen_parameters(record)},
+        "cpp_kernels": sorted(kernels),
     }
-    kernels = _kernel_binaries(record)
-    payload["cpp_kernels"] = sorted(kernels)
     return _inductor_artifact(record, payload), kernels
 
 
