@@ -505,6 +505,10 @@ def main(argv=None) -> int:
                     {s: case for s, case in row.items() if not (arch_id in arch_ids and s in spellings)}
                 )
                 results["classes"].setdefault(arch_id, kept["classes"][arch_id])
+            # The table keeps its rows where they were; new architectures go last.
+            order = [*kept["cases"], *(a for a in results["cases"] if a not in kept["cases"])]
+            results["cases"] = {a: results["cases"][a] for a in order}
+            results["classes"] = {a: results["classes"][a] for a in order}
             results["spellings"] = sorted(set(spellings) | set(kept["spellings"]))
             results["spelling_docs"] = {s: decoding.SPELLINGS[s] for s in results["spellings"]}
     lock = threading.Lock()
