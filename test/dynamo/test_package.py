@@ -144,6 +144,25 @@ CASES = {
             torch.manual_seed(0)
             return Experts(), [(torch.randn(2, 3, 4),)], dict(backend=BACKEND)
     """,
+    "property_frame": """
+        import torch
+        class Scaled(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.randn(4))
+            @property
+            def scale(self):
+                # A graph break inside the getter: the call runs eagerly and the
+                # getter is compiled as a frame of its own (as transformers'
+                # ModuleUtilsMixin.device under Llama-4).
+                torch._dynamo.graph_break()
+                return self.w.detach() * 2
+            def forward(self, x):
+                return torch.relu(x) * self.scale + 1
+        def make():
+            torch.manual_seed(0)
+            return Scaled(), [(torch.randn(4),)], dict(backend=BACKEND)
+    """,
     "numpy_call": """
         import numpy as np
         import torch
@@ -668,6 +687,13 @@ class TestPackage(PackageTestCase):
         report = self.save_and_load("random_calls", backend)
         self.assertGreaterEqual(report["saved_entries"], 1)
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 2)
+
+    def test_property_getter_frame(self):
+        # The getter's frame is keyed by its qualname, which names a property on
+        # the class: the load finds the getter's code through the property.
+        report = self.save_and_load("property_frame", "eager")  # no entry left out
+        self.assertGreaterEqual(report["saved_entries"], 2)
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
 
     def test_graph_break_in_a_closure(self):
         report = self.save_and_load("closure_graph_break", "eager")
