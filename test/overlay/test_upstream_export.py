@@ -295,12 +295,16 @@ class TestUpstreamExport(TestCase):
             self.exporter.series.read_subject_text(t) for t in self.texts.values()
         ]
         # What each compat patch imports from the compat layer, which upstream
-        # torch does not have.
+        # torch does not have, or the glue it adds for it (the cache key's
+        # series: the exported package_artifacts.py imports _backport_build
+        # too, optionally).
         compat_imports = {
             "functorch-Backport-attach-CInterpreter-serialization-at-import-torch.patch":
                 "import torch._functorch._interpreter_serialization",
             "dynamo-Backport-recursive-dict-tags-skip-unchanged-module-subtrees.patch":
                 "from torch._dynamo._dict_tag_guards import",
+            "inductor-Backport-Inductor-s-cache-key-names-the-patch-series-served.patch":
+                "def _backport_series() -> str:",
         }
         self.assertEqual(set(compat_imports), set(compat))
         for patch in (p for p in patches if p.name in compat):
