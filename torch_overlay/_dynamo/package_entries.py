@@ -158,7 +158,7 @@ def _resolve_code(key: tuple, root_codes: list[types.CodeType]):
     outer, _, _ = qualname.partition(".<locals>.")
     if "<" in outer:
         return None
-    obj = module
+    obj: Any = module
     try:
         for part in outer.split("."):
             obj = getattr(obj, part)
@@ -169,7 +169,7 @@ def _resolve_code(key: tuple, root_codes: list[types.CodeType]):
         # A property's accessor (transformers' ModuleUtilsMixin.device, whose
         # getter runs as a frame of its own after a graph break) has the
         # property's qualname: found when just one of them has that code.
-        accessors = [f for f in (obj.fget, obj.fset, obj.fdel) if getattr(f, "__code__", None) is not None]
+        accessors: list[Any] = [f for f in (obj.fget, obj.fset, obj.fdel) if getattr(f, "__code__", None) is not None]
         named = [f for f in accessors if f.__code__.co_qualname == outer]
         obj = named[0] if len(named) == 1 else None
     # A decorated function (functools.wraps: transformers' can_return_tuple on
