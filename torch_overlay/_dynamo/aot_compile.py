@@ -601,15 +601,14 @@ class _AOTGuardFilter:
 
 
 def _compile_fullgraph(fn, backend, args, kwargs, guard_filter, dynamic=None) -> CompilePackage:
-    package = CompilePackage(fn)
+    # What runs is the copy, whose code holds this compile's entry alone: the
+    # package takes no other package's entries of fn's code when saved (NOTE:
+    # [Entries a package's model uses] in package_recording.py); it saves its one entry.
+    package = CompilePackage(fn, adopts_entries=False)
     fresh = _fresh_function(fn)
     compiled = torch._dynamo.optimize(
         backend, nopython=True, package=package, guard_filter_fn=guard_filter, dynamic=dynamic
     )(fresh)
-    # What runs is the copy, whose code holds this compile's entry alone: the
-    # package takes no other package's entries of fn's code when saved (NOTE:
-    # [Entries a package's model uses] in package_recording.py); it saves its one entry.
-    package._runs_a_model = False
     # See NOTE: [aot_compile is not a recompile]
     with torch.compiler.set_stance("default"):
         compiled(*args, **kwargs)

@@ -217,6 +217,7 @@ class CompilePackage:
         ignore_inlined_sources: bool = False,
         *,
         path: Optional[str] = None,
+        adopts_entries: bool = True,
     ) -> None:
         if isinstance(dynamo, (str, os.PathLike)):
             # torch.compile(..., package=path): this project's spelling.
@@ -244,10 +245,11 @@ class CompilePackage:
         # Entries of other packages this package's model ran (NOTE: [Entries
         # a package's model uses]), by id.
         self._adopted: set[int] = set()
-        # Whether torch.compile(..., package=self) runs a model (runs_under):
-        # only such a package takes other packages' entries (not aot_compile's,
-        # whose compile runs a copy of its function: _compile_fullgraph).
+        # A save takes the entries of other packages the model ran only where
+        # torch.compile(..., package=self) runs a model (runs_under) and
+        # adopts_entries is on (aot_compile's is off: it compiles a copy).
         self._runs_a_model = False
+        self._adopts_entries = adopts_entries
         # Frames Dynamo decided not to compile (NOTE: [Frames Dynamo skips]):
         # entries with no bytecode and no guards.
         self.skipped: list[_Entry] = []
@@ -337,8 +339,7 @@ class CompilePackage:
         """Record that the current entry reads module ``module_name`` by the
         global ``alias``; a load binds it to the module already imported (or
         torch's own: a package never imports a module by name)."""
-        if self._current_entry is None:
-            raise AssertionError("_current_entry is not set in add_import_source")
+        assert self._current_entry is not None, "_current_entry is not set in add_import_source"
         self._current_entry.import_sources[alias] = module_name
 
     def add_guarded_code(self, guards_state: bytes, dynamo_code: types.CodeType, f_globals: Optional[dict] = None) -> None:
@@ -439,11 +440,8 @@ class CompilePackage:
         return frozenset(code.co_qualname for code in self._root_codes())
 
     def _root_codes(self) -> list[types.CodeType]:
-        fn = self._fn
-        if isinstance(fn, torch.nn.Module):
-            fn = type(fn).forward
-        fn = getattr(fn, "__func__", fn)
-        code = getattr(fn, "__code__", None)
+        fn = type(self._fn).forward if isinstance(self._fn, torch.nn.Module) else self._fn
+        code = getattr(getattr(fn, "__func__", fn), "__code__", None)
         return [code] if code is not None else []
 
     def _inline_wrapped_class(self) -> Optional[tuple[str, str]]:

@@ -767,7 +767,7 @@ def adopt_shared_entries(package) -> None:
     package's model, from the live caches of the codes it runs (NOTE:
     [Entries a package's model uses])."""
     cache_key = getattr(package.backend, "_torchdynamo_orig_callable", None)
-    if not package._runs_a_model or cache_key is None:
+    if not (package._runs_a_model and package._adopts_entries) or cache_key is None:
         return
     try:
         shared = _shared_entries(package, cache_key)
