@@ -22,6 +22,10 @@ from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters
 from torch.distributed import distributed_c10d
 from torch.distributed.device_mesh import init_device_mesh
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+)
 
 
 class _DefaultGroup:
@@ -63,6 +67,14 @@ def _add_group_rank_values(x):
     )
 
 
+# How a frame reads the rank: (function, how a test plays another rank, the
+# rank's weight in the function's result).
+_SPELLINGS = {
+    "get_rank": (_add_rank_values, _as_rank, 1),
+    "group_rank": (_add_group_rank_values, _as_group_rank, 10),
+}
+
+
 # A DeviceMesh's groups have no source Dynamo can guard on; set in setUp.
 _MESH = None
 
@@ -92,63 +104,34 @@ class TestRankGuards(torch._dynamo.test_case.TestCase):
         shutil.rmtree(self.workdir, ignore_errors=True)
         super().tearDown()
 
-    def test_another_rank_recompiles(self):
+    @parametrize("spelling", list(_SPELLINGS))
+    def test_another_rank_recompiles(self, spelling):
+        fn, as_rank, rank_weight = _SPELLINGS[spelling]
         cnt = CompileCounter()
-        compiled = torch.compile(_add_rank_values, backend=cnt)
+        compiled = torch.compile(fn, backend=cnt)
         x = torch.ones(2)
         self.assertEqual(compiled(x), x + 1)
-        with _as_rank(5):
-            self.assertEqual(compiled(x), x + 6)
-        with _as_rank(0, size=3):
-            self.assertEqual(compiled(x), x + 3)
+        for rank, size in [(5, 6), (0, 3)]:
+            with as_rank(rank, size):
+                self.assertEqual(compiled(x), x + rank_weight * rank + size)
         self.assertEqual(cnt.frame_count, 3)
 
-    def test_loaded_guard_compares_the_saved_rank(self):
+    @parametrize("spelling", list(_SPELLINGS))
+    def test_loaded_guard_compares_the_saved_rank(self, spelling):
+        fn, as_rank, _ = _SPELLINGS[spelling]
         x = torch.ones(2)
-        compiled = torch.compile(
-            _add_rank_values, backend="eager", package="rank_guards"
-        )
-        self.assertEqual(compiled(x), x + 1)
-        compiled.save_package(prefix=self.workdir)
-        torch._dynamo.reset()
-        loaded = torch.compile(_add_rank_values, backend="eager", package="rank_guards")
-        loaded.load_package(prefix=self.workdir)
-        self.assertGreaterEqual(len(loaded._package._loaded), 1)
-        with torch.compiler.set_stance("fail_on_recompile"):
-            self.assertEqual(loaded(x), x + 1)
-            with _as_rank(1):
-                with self.assertRaisesRegex(RuntimeError, "fail_on_recompile"):
-                    loaded(x)
-
-    def test_another_group_rank_recompiles(self):
-        cnt = CompileCounter()
-        compiled = torch.compile(_add_group_rank_values, backend=cnt)
-        x = torch.ones(2)
-        self.assertEqual(compiled(x), x + 1)
-        with _as_group_rank(5, size=6):
-            self.assertEqual(compiled(x), x + 56)
-        with _as_group_rank(0, size=3):
-            self.assertEqual(compiled(x), x + 3)
-        self.assertEqual(cnt.frame_count, 3)
-
-    def test_loaded_group_guard_compares_the_saved_rank(self):
-        x = torch.ones(2)
-        compiled = torch.compile(
-            _add_group_rank_values, backend="eager", package="group_rank_guards"
-        )
+        compiled = torch.compile(fn, backend="eager", package=f"rank_guards_{spelling}")
         self.assertEqual(compiled(x), x + 1)
         compiled.save_package(prefix=self.workdir)
         self.assertEqual(compiled._package._unsaveable, [])
         torch._dynamo.reset()
-        loaded = torch.compile(
-            _add_group_rank_values, backend="eager", package="group_rank_guards"
-        )
+        loaded = torch.compile(fn, backend="eager", package=f"rank_guards_{spelling}")
         loaded.load_package(prefix=self.workdir)
         self.assertGreaterEqual(len(loaded._package._loaded), 1)
         with torch.compiler.set_stance("fail_on_recompile"):
             self.assertEqual(loaded(x), x + 1)
             for rank, size in [(1, 2), (0, 2)]:
-                with _as_group_rank(rank, size):
+                with as_rank(rank, size):
                     with self.assertRaisesRegex(RuntimeError, "fail_on_recompile"):
                         loaded(x)
 
@@ -174,6 +157,9 @@ class TestRankGuards(torch._dynamo.test_case.TestCase):
             any("ProcessGroup.rank() under a compile package" in b for b in breaks),
             breaks,
         )
+
+
+instantiate_parametrized_tests(TestRankGuards)
 
 
 if __name__ == "__main__":
