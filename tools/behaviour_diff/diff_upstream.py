@@ -375,25 +375,35 @@ def parse_junit(path: Path) -> dict[str, dict]:
     return tests
 
 
-def run_precompile_probes(environment: Environment, out_dir: Path, timeout: int, reuse: bool) -> dict:
-    """The precompile probe set (precompile_probes.py) in ``environment``."""
-    probe_dir = out_dir / "precompile" / environment.label
-    result_file = probe_dir / "precompile_probes.json"
+def _run_result_script(environment: Environment, script: Path, kind: str, out_dir: Path, timeout: int, reuse: bool) -> dict:
+    """Run ``script`` in ``environment``, writing its results to
+    <out>/<kind>/<label>/<script's stem>.json (``reuse``: read the last run's),
+    and the results with their status and, if it ran, its seconds."""
+    run_dir = out_dir / kind / environment.label
+    result_file = run_dir / f"{script.stem}.json"
+    seconds = None
     if not reuse:
-        shutil.rmtree(probe_dir, ignore_errors=True)
-        cmd = [str(environment.python), "-P", str(PRECOMPILE_PROBES), "--out", str(probe_dir), "--label", environment.label]
+        shutil.rmtree(run_dir, ignore_errors=True)
+        cmd = [str(environment.python), "-P", str(script), "--out", str(run_dir), "--label", environment.label]
         returncode, _, stderr, seconds = run_logged(
-            environment, cmd, timeout, out_dir / "logs" / f"precompile-{environment.label}.log"
+            environment, cmd, timeout, out_dir / "logs" / f"{kind}-{environment.label}.log"
         )
         if returncode is None:
-            return {"status": "timeout", "detail": stderr}
+            return {"status": "timeout", "detail": stderr, "seconds": seconds}
         if returncode != 0:
-            return {"status": "failed", "detail": last_line(stderr)}
+            return {"status": "failed", "detail": last_line(stderr), "seconds": seconds}
     if not result_file.exists():
         return {"status": "failed", "detail": f"no {result_file}"}
     result = json.loads(result_file.read_text())
     result["status"] = "ran"
+    if seconds is not None:
+        result["seconds"] = seconds
     return result
+
+
+def run_precompile_probes(environment: Environment, out_dir: Path, timeout: int, reuse: bool) -> dict:
+    """The precompile probe set (precompile_probes.py) in ``environment``."""
+    return _run_result_script(environment, PRECOMPILE_PROBES, "precompile", out_dir, timeout, reuse)
 
 
 def precompile_step_decision(step: dict) -> dict:
@@ -475,26 +485,7 @@ def compare_precompile(ours: dict, theirs: dict, expected: dict[str, str], exact
 
 def run_distributed_jobs(environment: Environment, out_dir: Path, timeout: int, reuse: bool) -> dict:
     """The distributed jobs (distributed_jobs.py) in ``environment``."""
-    job_dir = out_dir / "distributed" / environment.label
-    result_file = job_dir / "distributed_jobs.json"
-    seconds = None
-    if not reuse:
-        shutil.rmtree(job_dir, ignore_errors=True)
-        cmd = [str(environment.python), "-P", str(DISTRIBUTED_JOBS), "--out", str(job_dir), "--label", environment.label]
-        returncode, _, stderr, seconds = run_logged(
-            environment, cmd, timeout, out_dir / "logs" / f"distributed-{environment.label}.log"
-        )
-        if returncode is None:
-            return {"status": "timeout", "detail": stderr, "seconds": seconds}
-        if returncode != 0:
-            return {"status": "failed", "detail": last_line(stderr), "seconds": seconds}
-    if not result_file.exists():
-        return {"status": "failed", "detail": f"no {result_file}"}
-    result = json.loads(result_file.read_text())
-    result["status"] = "ran"
-    if seconds is not None:
-        result["seconds"] = seconds
-    return result
+    return _run_result_script(environment, DISTRIBUTED_JOBS, "distributed", out_dir, timeout, reuse)
 
 
 def run_probes(environment: Environment, out_dir: Path, timeout: int) -> dict:
