@@ -408,9 +408,9 @@ class CompilePackage:
         (the graphs they call, as the store returned them)."""
         if self._pending is None:
             raise AssertionError("install() needs a package made from a cache entry (DynamoStore.load_package)")
-        # Files made from the entry just now: their hashes need no check.
-        files, manifest = _store().cache_entry_files(PrecompileCacheEntry(self._pending, dict(backends)))
-        self.load_files(files, manifest, self._store_key or "<cache entry>", files_checked=True)
+        started, where = time.perf_counter(), self._store_key or "<cache entry>"
+        files, manifest, entries = _store().installable_entries(PrecompileCacheEntry(self._pending, dict(backends)), where)
+        _install_entries(self, files, manifest, self._pending.source_info, entries, where, started)
         self._pending = None
         _installed_packages.add(self)
         # See NOTE: [Installed packages and torch._dynamo.reset()]
@@ -537,42 +537,7 @@ class CompilePackage:
         garbage collector alone])."""
         started = time.perf_counter()
         manifest, saved_sources, entries = _store().verified_entries(files, manifest, path, files_checked)
-        numbers = {id(entry): number for number, entry in enumerate(entries)}
-        entries = _store().drop_stale(self, entries, path)
-        kernel_dir, kernel_paths = extract_kernels(files, path)
-        verified = time.perf_counter()
-        graphs, checked = _decode_entries(self, files, entries, kernel_dir, kernel_paths, path)
-        unpickled = time.perf_counter()
-        _keep_loaded(self, files, manifest, saved_sources, entries, kernel_paths)
-        installed = []
-        for entry, codes in checked:
-            loaded = _install_loaded(self, entry, graphs, codes)
-            if loaded is not None:
-                loaded.where = f"package {path}, entry {numbers[id(entry)]}"
-                installed.append(loaded)
-        self.entries.extend(entry for entry, _ in checked)
-        finished = time.perf_counter()
-        # Seconds per phase of the last load. Guard managers are built on a
-        # frame's first lookup and kernel binaries load when a graph first runs.
-        self.load_stats = {
-            "entries": len(installed),
-            # The codes Dynamo compiled under the package (NOTE: [Frames of
-            # loaded packages]): those with entries and those saved without.
-            "codes": len({tuple(entry.code_key) for entry in entries}) + len(_bypassed_codes(manifest, path)),
-            "kernels": len(kernel_paths),
-            "verify_s": verified - started,
-            "unpickle_s": unpickled - verified,
-            "install_s": finished - unpickled,
-            "total_s": finished - started,
-        }
-        log.info(
-            "loaded package %s: %d entries, %d kernels in %.3f s",
-            path,
-            len(installed),
-            len(kernel_paths),
-            finished - started,
-        )
-        return installed
+        return _install_entries(self, files, manifest, saved_sources, entries, path, started)
 
     def lookup(self, frame, cache_entry):
         """A saved entry whose guards accept this frame, installed; SKIP_FRAME
@@ -612,6 +577,49 @@ class CompilePackage:
 # ---------------------------------------------------------------------------
 
 
+def _install_entries(package: CompilePackage, files, manifest, saved_sources: SourceInfo, entries: list[_Entry], path, started: float):
+    """Install ``entries`` (checked to be well formed) with the package's
+    ``files`` (graphs and kernels) and ``manifest``: stale ones dropped, graphs
+    decoded, code checked against the live function, then installed. Sets
+    ``package.load_stats``; the entries installed."""
+    numbers = {id(entry): number for number, entry in enumerate(entries)}
+    entries = _store().drop_stale(package, entries, path)
+    kernel_dir, kernel_paths = extract_kernels(files, path)
+    verified = time.perf_counter()
+    graphs, checked = _decode_entries(package, files, entries, kernel_dir, kernel_paths, path)
+    unpickled = time.perf_counter()
+    _keep_loaded(package, files, manifest, saved_sources, entries, kernel_paths)
+    installed = []
+    for entry, codes in checked:
+        loaded = _install_loaded(package, entry, graphs, codes)
+        if loaded is not None:
+            loaded.where = f"package {path}, entry {numbers[id(entry)]}"
+            installed.append(loaded)
+    package.entries.extend(entry for entry, _ in checked)
+    finished = time.perf_counter()
+    # Seconds per phase of the last load. Guard managers are built on a
+    # frame's first lookup and kernel binaries load when a graph first runs.
+    package.load_stats = {
+        "entries": len(installed),
+        # The codes Dynamo compiled under the package (NOTE: [Frames of
+        # loaded packages]): those with entries and those saved without.
+        "codes": len({tuple(entry.code_key) for entry in entries}) + len(_bypassed_codes(manifest, path)),
+        "kernels": len(kernel_paths),
+        "verify_s": verified - started,
+        "unpickle_s": unpickled - verified,
+        "install_s": finished - unpickled,
+        "total_s": finished - started,
+    }
+    log.info(
+        "loaded package %s: %d entries, %d kernels in %.3f s",
+        path,
+        len(installed),
+        len(kernel_paths),
+        finished - started,
+    )
+    return installed
+
+
 # NOTE: [One check per stage of a load]
 # A load reads, checks, decodes and installs, each once: the store reads
 # the files and checks the manifest and every file's hash as it reads
@@ -619,7 +627,9 @@ class CompilePackage:
 # store read (files_checked=True), reads the entries and checks what they name
 # without hashing again; the artifacts module decodes the graphs; the
 # package installs. load_files checks the hashes itself for files read
-# elsewhere.
+# elsewhere. A cache entry a DynamoStore returned is installed from the
+# entries it holds (CompilePackage.install, package_store.installable_entries):
+# no dynamo.bin is written for it and read back, no manifest hashed or signed.
 
 
 def _decode_entries(package: CompilePackage, files, entries: list[_Entry], kernel_dir, kernel_paths, path):

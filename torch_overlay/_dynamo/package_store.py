@@ -520,8 +520,10 @@ def checked_code(package, entry: _Entry, path) -> dict[str, types.CodeType]:
     return codes
 
 
-def cache_entry_files(cache_entry: PrecompileCacheEntry) -> tuple[dict[str, bytes], dict]:
-    """The package files ``cache_entry`` is written as, and their manifest."""
+def cache_entry_contents(cache_entry: PrecompileCacheEntry) -> tuple[dict[str, bytes], dict, list[_Entry]]:
+    """What ``cache_entry`` holds as a package does: its files but dynamo.bin
+    (kernels, and a graph file per backend its entries call), its manifest but
+    the files' hashes, and the entries of the codes not bypassed."""
     from torch._dynamo.precompile_context import BackendCacheArtifact
 
     cache_entry.materialize()
@@ -541,7 +543,6 @@ def cache_entry_files(cache_entry: PrecompileCacheEntry) -> tuple[dict[str, byte
             bypassed.append(list(code.code_key))
         else:
             entries.extend(code.guarded_codes)
-    files[_DYNAMO_FILE] = pickle.dumps([dataclasses.astuple(e) for e in entries], protocol=pickle.HIGHEST_PROTOCOL)
     for backend_id in sorted({ref[1] for e in entries for ref in e.globals.values() if ref[0] == "graph"}):
         artifact = cache_entry.backends[backend_id]
         if not isinstance(artifact, BackendCacheArtifact):
@@ -558,6 +559,23 @@ def cache_entry_files(cache_entry: PrecompileCacheEntry) -> tuple[dict[str, byte
             "inlined_sources": cache_entry.dynamo.source_info.as_fields(),
         }
     )
+    return files, manifest, entries
+
+
+def installable_entries(cache_entry: PrecompileCacheEntry, where) -> tuple[dict[str, bytes], dict, list[_Entry]]:
+    """:func:`cache_entry_contents`, checked to hold only files a package
+    holds and every graph its entries call: what CompilePackage.install
+    installs, with no dynamo.bin written and read back (NOTE: [One check per
+    stage of a load])."""
+    files, manifest, entries = cache_entry_contents(cache_entry)
+    _check_package_contents(entries, files, where)
+    return files, manifest, entries
+
+
+def cache_entry_files(cache_entry: PrecompileCacheEntry) -> tuple[dict[str, bytes], dict]:
+    """The package files ``cache_entry`` is written as, and their manifest."""
+    files, manifest, entries = cache_entry_contents(cache_entry)
+    files[_DYNAMO_FILE] = pickle.dumps([dataclasses.astuple(e) for e in entries], protocol=pickle.HIGHEST_PROTOCOL)
     manifest["files"] = {name: _sha256(data) for name, data in sorted(files.items())}
     signature = sign_manifest(manifest_bytes(manifest))
     if signature is not None:
