@@ -281,6 +281,7 @@ class CompilePackage:
         self._loaded_kernels: dict[str, bytes] = {}
         self._loaded_devices: set[str] = set()
         self._loaded_frozen = False
+        self.load_stats: dict[str, float] = {}  # the last load's counts and seconds
 
     # -- upstream's API (NOTE: [Packages in upstream's shape]) ---------------
     def is_initialized(self) -> bool:
