@@ -1,6 +1,7 @@
 # Owner(s): ["module: dynamo"]
 """Folded torch.distributed.get_rank(), get_world_size() and is_initialized() are
-guarded, and so are ProcessGroup.rank() and size().
+guarded, and so are ProcessGroup.rank() and size() and DeviceMesh.get_coordinate();
+under a compile package a group's member ranks are not folded.
 
 One process, a gloo group of one rank; another rank or world size is played
 by the default group ``get_rank()`` and ``get_world_size()`` read (patching
@@ -21,7 +22,7 @@ import torch.distributed as dist
 from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters
 from torch.distributed import distributed_c10d
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
@@ -67,11 +68,28 @@ def _add_group_rank_values(x):
     )
 
 
-# How a frame reads the rank: (function, how a test plays another rank, the
-# rank's weight in the function's result).
+def _add_mesh_coordinate(x):
+    return x + 10 * _MESH.get_coordinate()[0] + 1
+
+
+def _as_mesh_rank(rank: int, size: int = 1):
+    # This rank's coordinate in _MESH (a mesh of one dimension: its size is
+    # the mesh's shape, which the mesh's own guard compares).
+    return mock.patch.object(DeviceMesh, "get_coordinate", lambda self: [rank])
+
+
+def _add_group_ranks(x):
+    return x + len(dist.get_process_group_ranks(dist.group.WORLD))
+
+
+# How a frame reads the rank: (function, how a test plays another rank and
+# world size, the function's result less x as (rank, size) make it, the other
+# (rank, size) pairs played: each differs from the saving process's (0, 1)
+# and from the others in what the function reads).
 _SPELLINGS = {
-    "get_rank": (_add_rank_values, _as_rank, 1),
-    "group_rank": (_add_group_rank_values, _as_group_rank, 10),
+    "get_rank": (_add_rank_values, _as_rank, lambda r, s: r + s, [(1, 2), (0, 2)]),
+    "group_rank": (_add_group_rank_values, _as_group_rank, lambda r, s: 10 * r + s, [(5, 6), (0, 3)]),
+    "mesh_coordinate": (_add_mesh_coordinate, _as_mesh_rank, lambda r, s: 10 * r + 1, [(1, 1), (2, 1)]),
 }
 
 
@@ -94,6 +112,8 @@ class TestRankGuards(torch._dynamo.test_case.TestCase):
         dist.init_process_group(
             "gloo", init_method=f"file://{self.workdir}/store", rank=0, world_size=1
         )
+        global _MESH
+        _MESH = init_device_mesh("cpu", (1,))
 
     def tearDown(self):
         import shutil
@@ -106,19 +126,19 @@ class TestRankGuards(torch._dynamo.test_case.TestCase):
 
     @parametrize("spelling", list(_SPELLINGS))
     def test_another_rank_recompiles(self, spelling):
-        fn, as_rank, rank_weight = _SPELLINGS[spelling]
+        fn, as_rank, value, others = _SPELLINGS[spelling]
         cnt = CompileCounter()
         compiled = torch.compile(fn, backend=cnt)
         x = torch.ones(2)
         self.assertEqual(compiled(x), x + 1)
-        for rank, size in [(5, 6), (0, 3)]:
+        for rank, size in others:
             with as_rank(rank, size):
-                self.assertEqual(compiled(x), x + rank_weight * rank + size)
+                self.assertEqual(compiled(x), x + value(rank, size))
         self.assertEqual(cnt.frame_count, 3)
 
     @parametrize("spelling", list(_SPELLINGS))
     def test_loaded_guard_compares_the_saved_rank(self, spelling):
-        fn, as_rank, _ = _SPELLINGS[spelling]
+        fn, as_rank, _, others = _SPELLINGS[spelling]
         x = torch.ones(2)
         compiled = torch.compile(fn, backend="eager", package=f"rank_guards_{spelling}")
         self.assertEqual(compiled(x), x + 1)
@@ -130,14 +150,12 @@ class TestRankGuards(torch._dynamo.test_case.TestCase):
         self.assertGreaterEqual(len(loaded._package._loaded), 1)
         with torch.compiler.set_stance("fail_on_recompile"):
             self.assertEqual(loaded(x), x + 1)
-            for rank, size in [(1, 2), (0, 2)]:
+            for rank, size in others:
                 with as_rank(rank, size):
                     with self.assertRaisesRegex(RuntimeError, "fail_on_recompile"):
                         loaded(x)
 
     def test_group_without_source_graph_breaks_under_a_package(self):
-        global _MESH
-        _MESH = init_device_mesh("cpu", (1,))
         x = torch.ones(2)
         # Without a package the mesh's group rank folds, as in torch 2.7.1.
         counters.clear()
@@ -155,6 +173,26 @@ class TestRankGuards(torch._dynamo.test_case.TestCase):
         breaks = list(counters["graph_break"])
         self.assertTrue(
             any("ProcessGroup.rank() under a compile package" in b for b in breaks),
+            breaks,
+        )
+
+    def test_group_ranks_are_not_folded_under_a_package(self):
+        x = torch.ones(2)
+        # Without a package the group's member ranks fold, as in torch 2.7.1.
+        counters.clear()
+        cnt = CompileCounter()
+        self.assertEqual(torch.compile(_add_group_ranks, backend=cnt)(x), x + 1)
+        self.assertEqual(cnt.frame_count, 1)
+        self.assertEqual(dict(counters["graph_break"]), {})
+        # Under a package they differ between the ranks of a subgroup and no
+        # guard could check them: the frame graph-breaks on the call.
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(_add_group_ranks, backend="eager", package="group_ranks")
+        self.assertEqual(compiled(x), x + 1)
+        breaks = list(counters["graph_break"])
+        self.assertTrue(
+            any("get_process_group_ranks under a compile package" in b for b in breaks),
             breaks,
         )
 
