@@ -127,15 +127,18 @@ class TestImportHook(TestCase):
             overlay=False,
         )
         # The error carries every module `import torch` imported that the
-        # installed base's series patches, sorted: the 2.7.1 series also patches
-        # torch._utils_internal (DISABLE_JUSTKNOBS), the config modules'
-        # installer and torch._functorch.utils (per-call and load-time patches
-        # 2.6.0's leaves out). The message names the first five.
+        # installed base's series patches, sorted: both series patch
+        # torch._decomp.decompositions (slice_forward, fill_diagonal_); the
+        # 2.7.1 series also patches torch._utils_internal (DISABLE_JUSTKNOBS),
+        # the config modules' installer and torch._functorch.utils (per-call
+        # and load-time patches 2.6.0's leaves out). The message names the
+        # first five.
         from torch_overlay._overlay.series import base_version, installed_base
 
         if installed_base() == base_version():
             imported_patched = [
                 "torch",
+                "torch._decomp.decompositions",
                 "torch._functorch.pyfunctorch",
                 "torch._functorch.utils",
                 "torch._utils_internal",
@@ -143,12 +146,17 @@ class TestImportHook(TestCase):
                 "torch.utils._config_module",
             ]
             shown = (
-                "torch, torch._functorch.pyfunctorch, torch._functorch.utils, "
-                "torch._utils_internal, torch.compiler and 1 more"
+                "torch, torch._decomp.decompositions, torch._functorch.pyfunctorch, "
+                "torch._functorch.utils, torch._utils_internal and 2 more"
             )
         else:
-            imported_patched = ["torch", "torch._functorch.pyfunctorch", "torch.compiler"]
-            shown = "torch, torch._functorch.pyfunctorch, torch.compiler"
+            imported_patched = [
+                "torch",
+                "torch._decomp.decompositions",
+                "torch._functorch.pyfunctorch",
+                "torch.compiler",
+            ]
+            shown = "torch, torch._decomp.decompositions, torch._functorch.pyfunctorch, torch.compiler"
         modules_line, message = proc.stdout.strip().split("\n", 1)
         self.assertEqual(modules_line.split(), imported_patched)
         self.assertIn(f"module(s) {shown} had already", message)
