@@ -16,7 +16,7 @@ BEHAVIOUR_DIFF := tools/behaviour_diff/diff_upstream.py
 DIFF_ARGS ?=
 
 
-.PHONY: agree-overlay-wheel
+.PHONY: agree-overlay-wheel agree-overlay-wheel-probes test-sweep-sample
 .PHONY: venv ext lint test test-overlay test-wheel wheel wheel-venv export export-check export-check-imports status edit refresh clean demo bench-guards bench-load bench-load-serving bench-transformers-first-token bench-distributed-first-step bench-calls bench-signing fuzz
 .PHONY: valgrind bench-call-instructions check-call-instructions
 
@@ -84,14 +84,32 @@ ifeq ($(OTHER_BASE),)
 ext: $(EXT_SO)
 endif
 
-# The two suites run side by side (-j2: the overlay's in the dev venv, the
-# wheel's in its own; neither shares a cache directory with the other), each
-# one's output printed whole when it finishes (--output-sync=target); then the
-# checks that read both.
+# NOTE: [What make test runs]
+# CI gives `make test` 50 of its 90 minutes on a 2-core machine. It runs the
+# suites side by side (-j2: the overlay's in the dev venv, the wheel's in its
+# own; neither shares a cache directory with the other), each one's output
+# printed whole when it finishes (--output-sync=target), with the transformers
+# sweep's sample and the export's import check taking the slot the shorter
+# suite frees; then the checks that read both. Three things are left to the
+# nightly workflow, which runs each of them whole:
+# - tests marked @slowTest (upstream's decorator; PYTORCH_TEST_WITH_SLOW=1 runs
+#   them): the serving zoo's long tail, 4 ranks, the Inductor variants of tests
+#   whose eager or aot_eager variants run here;
+# - on the wheel, the files that decode or train real models in fresh processes
+#   (WHEEL_FILES_LEFT_TO_NIGHTLY): the overlay's suite runs them here, on the same
+#   patched sources;
+# - the precompile probes and distributed jobs of the overlay/wheel agreement
+#   (~11 minutes an environment): here the two agree on every test both ran and
+#   on every guard probe.
+SWEEP_SAMPLE := test/overlay/test_transformers_sweep.py::TestTransformersSweepSample
+WHEEL_FILES_LEFT_TO_NIGHTLY := test/dynamo/test_package_serving.py test/dynamo/test_package_zoo.py \
+	test/dynamo/test_package_launchers.py test/distributed
 ifeq ($(OTHER_BASE),)
 test: lint
-	$(MAKE) -j2 --output-sync=target test-overlay test-wheel
-	$(MAKE) export-check-imports agree-overlay-wheel check-call-instructions
+	$(MAKE) -j2 --output-sync=target test-overlay test-wheel test-sweep-sample export-check-imports \
+		OVERLAY_PYTEST_ARGS="--deselect $(SWEEP_SAMPLE)" \
+		WHEEL_PYTEST_ARGS="$(addprefix --ignore=,$(WHEEL_FILES_LEFT_TO_NIGHTLY))"
+	$(MAKE) agree-overlay-wheel check-call-instructions AGREE_ARGS="--no-precompile-probes --no-distributed"
 else
 test: test-base
 endif
@@ -122,11 +140,22 @@ lint: $(LINT_STAMP)
 agree-overlay-wheel: venv wheel-venv
 	$(PY) $(BEHAVIOUR_DIFF) --out $(BUILD)/diff-overlay-wheel \
 		--envs overlay,wheel --require-agreement overlay,wheel \
-		--junit overlay=$(BUILD)/junit/overlay.xml --junit wheel=$(BUILD)/junit/wheel.xml $(DIFF_ARGS)
+		--junit overlay=$(BUILD)/junit/overlay.xml --junit wheel=$(BUILD)/junit/wheel.xml $(AGREE_ARGS) $(DIFF_ARGS)
+
+# The nightly's share of the agreement: every guard and precompile probe and the
+# distributed jobs, on the overlay and the wheel (no suite runs).
+agree-overlay-wheel-probes: venv wheel-venv
+	$(PY) $(BEHAVIOUR_DIFF) --out $(BUILD)/diff-overlay-wheel-probes \
+		--envs overlay,wheel --require-agreement overlay,wheel --no-tests $(DIFF_ARGS)
 
 test-overlay: venv
 	mkdir -p $(BUILD)/junit
-	TORCH_OVERLAY=1 TORCH_OVERLAY_EXPECT=overlay $(PY) -m pytest test --junitxml=$(BUILD)/junit/overlay.xml $(PYTEST_ARGS)
+	TORCH_OVERLAY=1 TORCH_OVERLAY_EXPECT=overlay $(PY) -m pytest test --junitxml=$(BUILD)/junit/overlay.xml $(OVERLAY_PYTEST_ARGS) $(PYTEST_ARGS)
+
+# The transformers sweep's CI sample alone (`make test` runs it beside the suites).
+test-sweep-sample: venv
+	mkdir -p $(BUILD)/junit
+	TORCH_OVERLAY=1 TORCH_OVERLAY_EXPECT=overlay $(PY) -m pytest $(SWEEP_SAMPLE) --junitxml=$(BUILD)/junit/sweep-sample.xml $(PYTEST_ARGS)
 
 # The patched wheel: dist/torch-$(BASE_TORCH)+overlay.<YYYYMMDD>.<series hash>-<tags>.whl, and a
 # fresh venv holding it (and neither torch_overlay nor the overlay's .pth) to test it in.
@@ -172,7 +201,7 @@ wheel-check: wheel
 # alone. pytest still finds the repo's pyproject.toml from test/.
 test-wheel: wheel-check wheel-venv
 	mkdir -p $(BUILD)/junit
-	env -u TORCH_OVERLAY TORCH_OVERLAY_EXPECT=wheel $(WHEEL_PY) -P -m pytest test --junitxml=$(abspath $(BUILD))/junit/wheel.xml $(PYTEST_ARGS)
+	env -u TORCH_OVERLAY TORCH_OVERLAY_EXPECT=wheel $(WHEEL_PY) -P -m pytest test --junitxml=$(abspath $(BUILD))/junit/wheel.xml $(WHEEL_PYTEST_ARGS) $(PYTEST_ARGS)
 
 # The upstream export: a `git am` series for pytorch at tag v$(BASE_TORCH).
 EXPORT_DIR := $(BUILD)/upstream-export
@@ -437,9 +466,10 @@ test-base: base-venv
 
 # The other base's subset that fits next to the full primary-base run in CI: guard
 # serialization, compile packages saved in one process and loaded in a fresh one
-# (eager, aot_eager and Inductor, graph breaks, training, dynamic shapes, functorch
-# transforms, fail_on_recompile, damaged packages), aot_compile, and the functorch
-# interpreters' serialization. The full other-base run is `make test BASE=<base>`.
+# (eager, aot_eager and Inductor, graph breaks, training, functorch transforms,
+# fail_on_recompile, damaged packages; the @slowTest ones among them skip, as in
+# `make test`), aot_compile, and the functorch interpreters' serialization. The
+# full other-base run is `make test BASE=<base>`.
 BASE_SUBSET_PACKAGE_TESTS := test_function or test_graph_breaks_and_resume_functions or test_builtin_module_inductor or test_training_forward_and_backward or test_dynamic_shapes or test_frame_compiled_inside_functorch_transforms or test_guard_failure_after_load_recompiles_or_raises or test_corrupted_artifact or test_version_mismatch
 test-base-subset: base-venv
 	TORCH_OVERLAY=1 TORCH_OVERLAY_EXPECT=overlay $(BASE_PY) -m pytest test/dynamo/test_guard_serialization.py test/dynamo/test_aot_compile.py test/functorch/test_interpreter_serialization.py test/overlay/test_supported_bases.py $(PYTEST_ARGS)

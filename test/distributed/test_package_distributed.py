@@ -30,13 +30,12 @@ from pathlib import Path
 import torch
 import torch._dynamo.test_case
 import torch.distributed as dist
-from torch.testing._internal.common_utils import instantiate_parametrized_tests
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, slowTest
 from torch.testing._internal.fresh_process import rank_worker_main, run_ranks
 
 
 WORLD_SIZE = 2
 # The long tail (the nightly): the Inductor DDP case on 4 ranks too.
-LONG_TESTS = os.environ.get("TORCH_OVERLAY_LONG_TESTS", "0") == "1"
 # Seconds: any one collective, and one phase of all ranks.
 COLLECTIVE_TIMEOUT_S = 60
 PHASE_TIMEOUT_S = 240
@@ -424,7 +423,7 @@ class TestPackageDistributed(torch._dynamo.test_case.TestCase):
     def test_ddp_inductor_training_from_package_is_bitwise_equal(self):
         self._check_ddp_inductor_training(WORLD_SIZE)
 
-    @unittest.skipUnless(LONG_TESTS, "long tail: TORCH_OVERLAY_LONG_TESTS=1 (nightly)")
+    @slowTest
     def test_ddp_inductor_training_from_package_is_bitwise_equal_4_ranks(self):
         self._check_ddp_inductor_training(4)
 

@@ -47,12 +47,11 @@ import torch
 import torch._dynamo.test_case
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.testing._internal.common_utils import instantiate_parametrized_tests
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, slowTest
 from torch.testing._internal.fresh_process import rank_worker_main, run_ranks
 
 
 # The 4-rank job runs in the nightly workflow only.
-LONG_TESTS = os.environ.get("TORCH_OVERLAY_LONG_TESTS", "0") == "1"
 STEPS = 20
 BATCH = 8
 DIM, HIDDEN, CLASSES, BLOCKS = 128, 256, 16, 3
@@ -325,7 +324,7 @@ class TestPackageFSDP2Training(torch._dynamo.test_case.TestCase):
     def test_two_ranks_load_rank0_packages_and_train_bitwise(self):
         self._check_round_trip(world_size=2, load_from_rank0=True)
 
-    @unittest.skipUnless(LONG_TESTS, "4 ranks: TORCH_OVERLAY_LONG_TESTS=1 (nightly)")
+    @slowTest  # 4 ranks: the nightly run (PYTORCH_TEST_WITH_SLOW=1)
     def test_four_ranks_load_own_packages_and_train_bitwise(self):
         self._check_round_trip(world_size=4, load_from_rank0=False)
 

@@ -18,6 +18,7 @@ import unittest
 from pathlib import Path
 
 import torch._dynamo.test_case
+from torch.testing._internal.common_utils import slowTest
 from torch.testing._internal.fresh_process import run_code
 from torch.utils._triton import has_triton_package
 
@@ -576,20 +577,24 @@ class TestLoadImports(torch._dynamo.test_case.TestCase):
     def test_package_load_imports_only_the_runtime(self):
         self.check_loads_only_the_runtime("package")
 
+    @slowTest
     def test_load_compiled_function_imports_only_the_runtime(self):
         self.check_loads_only_the_runtime("aot")
 
+    @slowTest
     def test_package_of_a_plain_function_imports_only_the_runtime(self):
         # torch.compile(fn) looks fn up in trace_rules without building the
         # rule map (NOTE: [Functions of other modules are not in the torch
         # object rule map]).
         self.check_loads_only_the_runtime("function-package")
 
+    @slowTest
     def test_package_of_a_torch_nn_module_imports_only_the_runtime(self):
         # torch.compile(nn.Sequential(...)) checks the function wrap_inline
         # wraps it in without building the rule map either.
         self.check_loads_only_the_runtime("torch-module-package")
 
+    @slowTest
     def test_package_with_dynamic_shapes_imports_only_the_runtime(self):
         # Its shape-env guards are code that compares sizes with ints, and
         # its guards on the **options dict index it by constant keys: they

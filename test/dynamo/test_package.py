@@ -26,6 +26,8 @@ from torch._dynamo.exc import PackageError
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
+    slowTest,
+    subtest,
 )
 from torch.testing._internal.fresh_process import run_code, start_code
 
@@ -652,7 +654,7 @@ class TestPackage(PackageTestCase):
         report = self.save_and_load("simple", backend)
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
 
-    @parametrize("backend", ["eager", "inductor"])
+    @parametrize("backend", ["eager", subtest("inductor", decorators=[slowTest])])
     def test_graph_breaks_and_resume_functions(self, backend):
         report = self.save_and_load("graph_breaks", backend)
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
@@ -664,7 +666,7 @@ class TestPackage(PackageTestCase):
         self.assertGreaterEqual(report["saved_entries"], 2)
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
 
-    @parametrize("backend", ["eager", "aot_eager"])
+    @parametrize("backend", [subtest("eager", decorators=[slowTest]), "aot_eager"])
     def test_numpy_call_in_graph(self, backend):
         # Dynamo traces np.sqrt as its wrapper of torch._numpy's sqrt; the graph
         # saves it by that function's name (a fresh process has not imported
@@ -673,7 +675,7 @@ class TestPackage(PackageTestCase):
         self.assertGreaterEqual(report["saved_entries"], 1)
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 2)
 
-    @parametrize("backend", ["eager", "aot_eager"])
+    @parametrize("backend", [subtest("eager", decorators=[slowTest]), "aot_eager"])
     def test_numpy_wrappers_in_graph(self, backend):
         # NOTE: [NumPy calls in packaged graphs]: a NumPy function, an operator
         # on ndarrays and an ndarray method, each saved by what it wraps.
@@ -700,7 +702,7 @@ class TestPackage(PackageTestCase):
         self.assertEqual(report["saved_entries"], 4)
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 2)
 
-    @parametrize("backend", ["eager", "aot_eager"])
+    @parametrize("backend", [subtest("eager", decorators=[slowTest]), "aot_eager"])
     def test_graph_break_inside_recursion(self, backend):
         report = self.save_and_load("recursion_graph_breaks", backend)
         # fn and its two resume functions (after the graph break, after the
@@ -750,6 +752,7 @@ class TestPackage(PackageTestCase):
         self.assertEqual((report["saved_entries"], report["saved_skipped_frames"]), (1, 0))
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
 
+    @slowTest
     def test_builtin_module_inductor(self):
         report = self.save_and_load("builtin_module", "inductor", {"KIND": "sequential"})
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
@@ -884,12 +887,12 @@ class TestPackage(PackageTestCase):
         report = self.save_and_load("recompiles", "eager")
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 3)
 
-    @parametrize("backend", ["aot_eager", "inductor"])
+    @parametrize("backend", ["aot_eager", subtest("inductor", decorators=[slowTest])])
     def test_nn_module(self, backend):
         report = self.save_and_load("module", backend)
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}])
 
-    @parametrize("backend", ["aot_eager", "inductor"])
+    @parametrize("backend", ["aot_eager", subtest("inductor", decorators=[slowTest])])
     def test_training_forward_and_backward(self, backend):
         report = self.save_and_load("training", backend)
         # input grad + weight + bias
@@ -931,6 +934,7 @@ class TestPackage(PackageTestCase):
             with torch.compiler.set_stance("fail_on_recompile"):
                 self.assertEqual(compiled(x), f(x))  # compiled by the first call
 
+    @slowTest
     def test_dynamic_shapes(self):
         case = self.write_case("dynamic", "inductor")
         package = self.tmp / "pkg"

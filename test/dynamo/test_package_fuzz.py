@@ -40,7 +40,12 @@ from typing import Optional
 
 import torch
 import torch._dynamo.test_case
-from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    slowTest,
+    subtest,
+)
 from torch.testing._internal.fresh_process import run_code, start_code
 
 
@@ -555,7 +560,7 @@ class PackageFuzzTests(torch._dynamo.test_case.TestCase):
             first = crashed + 1
         return results
 
-    @parametrize("signed", [False, True])
+    @parametrize("signed", [subtest(False, decorators=[slowTest]), True])
     def test_fuzz(self, signed):
         work = Path(tempfile.mkdtemp(dir=self.root))
         marker = str(work / "MARKER-code-ran")

@@ -24,6 +24,7 @@ from torch._functorch._aot_autograd import autograd_cache
 from torch._inductor import codecache, cpu_vec_isa
 from torch._inductor import config as inductor_config
 from torch._inductor.utils import fresh_inductor_cache
+from torch.testing._internal.common_utils import slowTest
 from torch.testing._internal.fresh_process import run_code
 
 
@@ -94,6 +95,7 @@ class TestLoadLeavesTheProcessAlone(torch._dynamo.test_case.TestCase):
         with torch.compiler.set_stance("fail_on_recompile"):
             self.assertEqual(compiled(x), hooks_model.scaled_gelu(x))
 
+    @slowTest
     def test_a_load_then_a_compile_in_the_same_process(self):
         before = self._hook_state()
         cache_dir = tempfile.mkdtemp(dir=self.where, prefix="inductor-cache-")

@@ -22,6 +22,8 @@ from torch._dynamo.exc import PackageError
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
+    slowTest,
+    subtest,
 )
 from torch.testing._internal.fresh_process import run_script
 
@@ -87,7 +89,7 @@ class TestPackageLaunchers(torch._dynamo.test_case.TestCase):
         shutil.rmtree(self.tmp, ignore_errors=True)
         super().tearDown()
 
-    @parametrize("launcher", ["spawn", "main"])
+    @parametrize("launcher", ["spawn", subtest("main", decorators=[slowTest])])
     def test_inductor_package_saves_and_loads(self, launcher):
         script = self.tmp / "train.py"
         script.write_text(SCRIPT)

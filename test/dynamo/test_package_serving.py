@@ -20,13 +20,13 @@ model.forward)``, as Hugging Face documents) and over a module compiled in place
 package for every length (``dynamic=True``, ``mark_dynamic`` with min/max,
 automatic dynamic), with a length out of the saved range recompiling (not
 silently served); a model and its EMA copy in two packages of one process, each
-loaded alone; Inductor on Llama. Cases that add time more than coverage run
-only with TORCH_OVERLAY_LONG_TESTS=1.
+loaded alone; Inductor on Llama. `make test` runs one case of each kind
+(a decode loop, generate(), a static cache); the others are @slowTest, run by
+the nightly workflow (PYTORCH_TEST_WITH_SLOW=1).
 """
 
 import importlib.util
 import json
-import os
 import tempfile
 import unittest
 
@@ -34,12 +34,13 @@ import torch._dynamo.test_case
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
+    slowTest,
+    subtest,
 )
 from torch.testing._internal.fresh_process import run_code
 
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
-LONG_TESTS = os.environ.get("TORCH_OVERLAY_LONG_TESTS", "0") == "1"
 
 # argv: mode (save | load), the case (JSON), the package directory, and for a
 # load the package to load ("model" or "copy").
@@ -267,10 +268,10 @@ class TestPackageServing(torch._dynamo.test_case.TestCase):
         "model,cache_kind",
         [
             ("gpt2", "dynamic"),
-            ("gpt2", "legacy"),
-            ("llama", "dynamic"),
-            ("qwen2", "dynamic"),
-            ("t5", "dynamic"),
+            subtest(("gpt2", "legacy"), decorators=[slowTest]),
+            subtest(("llama", "dynamic"), decorators=[slowTest]),
+            subtest(("qwen2", "dynamic"), decorators=[slowTest]),
+            subtest(("t5", "dynamic"), decorators=[slowTest]),
         ],
     )
     def test_decode_loads_without_recompiling(self, model, cache_kind):
@@ -285,12 +286,14 @@ class TestPackageServing(torch._dynamo.test_case.TestCase):
             ("mixtral", "dynamic", "inductor"),
         ],
     )
+    @slowTest
     def test_decode_model_built_cache(self, model, cache_kind, backend):
         # "legacy": the prefill passes past_key_values=None and the model builds
         # its own cache, the commonest spelling. With Inductor it used to crash
         # at save (NOTE: [View replay in packaged AOTAutograd entries]).
         self.round_trip({"model": model, "cache": cache_kind, "backend": backend})
 
+    @slowTest
     def test_padded_batches_at_new_sizes(self):
         # docs/packages.md, "Batched serving": warmed with left-padded batches
         # of two sizes and two lengths, so that no batch size is tied to another
@@ -303,13 +306,15 @@ class TestPackageServing(torch._dynamo.test_case.TestCase):
             }
         )
 
-    @unittest.skipUnless(LONG_TESTS, "long tail: TORCH_OVERLAY_LONG_TESTS=1 (nightly)")
+    @slowTest
     def test_decode_mistral_sliding_window(self):
         self.round_trip({"model": "mistral", "cache": "dynamic"})
 
+    @slowTest
     def test_decode_inductor(self):
         self.round_trip({"model": "llama", "cache": "dynamic", "backend": "inductor"})
 
+    @slowTest
     def test_mark_dynamic_serves_every_length_in_range(self):
         # Prompt dimension marked dynamic in [2, 64]; the KV cache's length
         # becomes dynamic automatically over the decode steps.
@@ -323,6 +328,7 @@ class TestPackageServing(torch._dynamo.test_case.TestCase):
             self.assertIn("recompile", beyond)
             self.assertEqual(len(beyond["eager"]), 10)
 
+    @slowTest
     def test_automatic_dynamic_serves_unseen_lengths(self):
         # Two prompt lengths at save: automatic dynamic makes the prompt and
         # cache lengths symbolic; the load's prompt length was never seen.
@@ -332,8 +338,8 @@ class TestPackageServing(torch._dynamo.test_case.TestCase):
 
     @parametrize(
         "target,sample",
-        [("forward", False), ("inplace", True)]
-        + ([("forward", True), ("inplace", False)] if LONG_TESTS else []),
+        [("forward", False)]
+        + [subtest(case, decorators=[slowTest]) for case in [("inplace", True), ("forward", True), ("inplace", False)]],
     )
     def test_generate(self, target, sample):
         self.round_trip(
@@ -350,6 +356,7 @@ class TestPackageServing(torch._dynamo.test_case.TestCase):
             {"model": "llama", "cache": "static", "driver": "generate", "target": "forward", "fullgraph": True}
         )
 
+    @slowTest
     def test_static_cache_with_unguarded_addresses(self):
         # The same StaticCache, its tensors marked guard=False and passed to
         # generate(): lifted as graph inputs, any cache length, any prompt.
@@ -360,6 +367,7 @@ class TestPackageServing(torch._dynamo.test_case.TestCase):
             }
         )
 
+    @slowTest
     def test_model_and_copy_in_two_packages(self):
         # One class, other weights, two packages: the copy's calls are served
         # by entries compiled for the model; each package must hold what its

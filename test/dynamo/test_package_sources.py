@@ -20,6 +20,7 @@ import torch._dynamo.test_case
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
+    slowTest,
 )
 from torch.testing._internal.fresh_process import run_code
 
@@ -268,6 +269,7 @@ class TestPackageSources(torch._dynamo.test_case.TestCase):
             """package <dir>/pkg: 1 of its 1 entries were compiled from code or config that differs in this process, and are not loaded: config torch._dynamo.config.capture_scalar_outputs: saved with its default, now True. The frames they ran will compile.""",
         )
 
+    @slowTest
     def test_changed_inductor_config_drops_the_entry(self):
         self.write_model()
         self.save(backend="inductor")

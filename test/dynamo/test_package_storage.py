@@ -26,6 +26,7 @@ import torch
 import torch._dynamo.test_case
 from torch._dynamo.exc import PackageError
 from torch._dynamo.package_format import DYNAMO_FILE, GRAPH_PREFIX, MANIFEST
+from torch.testing._internal.common_utils import slowTest
 from torch.testing._internal.fresh_process import FreshProcess, reports, start_script, write_report
 
 
@@ -279,6 +280,7 @@ class TestSharedPackages(_TmpDirTestCase):
         _run_worker(phase="save", prefix=str(self.tmp))
         return self.tmp / PACKAGE
 
+    @slowTest
     def test_concurrent_loaders_of_a_read_only_package_all_hit(self):
         package = self._save()
         # Loading writes nothing and locks nothing: a read-only package loads.

@@ -30,6 +30,8 @@ from torch._dynamo.precompile_context import PackageGraphArtifact, PrecompileCon
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
+    slowTest,
+    subtest,
 )
 from torch.testing._internal.fresh_process import run_code, run_script
 
@@ -162,7 +164,7 @@ class TestPackageStores(torch._dynamo.test_case.TestCase):
             timeout=600,
         )
 
-    @parametrize("backend", ["eager", "inductor"])
+    @parametrize("backend", ["eager", subtest("inductor", decorators=[slowTest])])
     def test_disk_store_fresh_process(self, backend):
         # both processes' stores have the case file's folder as their prefix
         saved = self._run("save-store", backend, self.tmp / "cache-save")

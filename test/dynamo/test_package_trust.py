@@ -29,7 +29,11 @@ from torch._dynamo.package_trust import (
     parse_manifest,
     read_confined,
 )
-from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    slowTest,
+)
 from torch.testing._internal.fresh_process import run_code
 
 
@@ -314,6 +318,7 @@ class PackageTrustTests(torch._dynamo.test_case.TestCase):
         reports = self.load([(package, self.trusted(self.public)), (archive, self.trusted(self.public))])
         self.assertEqual(reports, [{"ok": True}, {"ok": True}])
 
+    @slowTest
     def test_cli_keygen_makes_a_key_pair_that_signs_and_verifies(self):
         key = self.root / "keygen-test.pem"
         proc = self.cli("keygen", str(key))

@@ -21,6 +21,8 @@ import unittest
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
+    slowTest,
+    subtest,
 )
 
 from test_package import PackageTestCase
@@ -150,10 +152,10 @@ class TestPackageZoo(PackageTestCase):
         "model,backend",
         [
             ("resnet18", "aot_eager"),
-            ("mobilenet_v3_small", "aot_eager"),
-            ("gpt2", "aot_eager"),
+            subtest(("mobilenet_v3_small", "aot_eager"), decorators=[slowTest]),
+            subtest(("gpt2", "aot_eager"), decorators=[slowTest]),
             ("bert", "aot_eager"),
-            ("transformer_encoder", "inductor"),
+            subtest(("transformer_encoder", "inductor"), decorators=[slowTest]),
             ("lstm", "aot_eager"),
         ],
     )

@@ -15,6 +15,7 @@ import unittest.mock
 
 import torch
 import torch._inductor.test_case
+from torch.testing._internal.common_utils import slowTest
 from torch.testing._internal.fresh_process import REPORT_PATH_ENV, run_code
 
 
@@ -62,6 +63,7 @@ class TestBackportCacheKey(torch._inductor.test_case.TestCase):
         os.environ.get("TORCH_OVERLAY_EXPECT") == "overlay",
         "stock torch and the overlay share a venv only in the overlay's suite",
     )
+    @slowTest
     def test_stock_torch_and_the_overlay_do_not_share_generated_code(self):
         with tempfile.TemporaryDirectory(prefix="backport-cache-key-") as cache:
             env = {"TORCHINDUCTOR_CACHE_DIR": cache}

@@ -998,7 +998,7 @@ def add_precompile_report(report: dict, args, precompile_runs: dict) -> None:
                 }
                 for d in compare_precompile(ran[a], ran[b], {}, exact=True)
             ]
-        elif args.probes and (entry["required"] or any(x in ran for x in (a, b))):
+        elif args.probes and args.precompile_probes and (entry["required"] or any(x in ran for x in (a, b))):
             missing = [x for x in (a, b) if x not in ran]
             entry["error"] = (entry.get("error") or "") + f" precompile probes did not run: {', '.join(missing)}"
         entry["agree"] = entry["agree"] and not entry.get("precompile") and not entry.get("error")
@@ -1637,6 +1637,12 @@ def make_parser() -> argparse.ArgumentParser:
         "--no-probes", dest="probes", action="store_false", help="skip the guard and precompile probes"
     )
     parser.add_argument(
+        "--no-precompile-probes",
+        dest="precompile_probes",
+        action="store_false",
+        help="run the guard probes but not the precompile probes",
+    )
+    parser.add_argument(
         "--no-distributed",
         dest="distributed",
         action="store_false",
@@ -1743,6 +1749,8 @@ def run_environment_probes(args, environment: Environment, runs: EnvironmentRuns
         runs.probes[label] = run_probes(environment, args.out, args.probe_timeout)
     run = runs.probes[label]
     say(f"[{label}] probes: {run['status']} ({run.get('wall_seconds', '?')} s) {run.get('detail', '')}")
+    if not args.precompile_probes:
+        return
     runs.precompile[label] = run_precompile_probes(
         environment, args.out, args.probe_timeout, args.reuse
     )
