@@ -44,6 +44,9 @@ class Net(torch.nn.Module):
         return self.b(torch.nn.functional.gelu(self.a(x)))
 
 
+LIVE = []  # what a job holds until its process ends
+
+
 def worker(rank, mode, where, report):
     torch.manual_seed(0)
     net = Net()
@@ -57,6 +60,7 @@ def worker(rank, mode, where, report):
             result["entries"] = json.load(f)["entries"]
     else:
         compiled.load_package()
+        LIVE.append(compiled)
         torch._dynamo.utils.counters.clear()
         with torch.compiler.set_stance("fail_on_recompile"):
             out = compiled(x)
@@ -96,8 +100,16 @@ class TestPackageLaunchers(torch._dynamo.test_case.TestCase):
         saved = run_script(script, "save", self.tmp, launcher, cwd=self.tmp, fresh_inductor_cache=True)
         self.assertEqual(saved["main"], "__mp_main__" if launcher == "spawn" else "__main__")
         self.assertEqual(saved["entries"], 1)
-        loaded = run_script(script, "load", self.tmp, launcher, cwd=self.tmp, fresh_inductor_cache=True)
+        process_tmp = self.tmp / "process-tmp"
+        process_tmp.mkdir()
+        loaded = run_script(
+            script, "load", self.tmp, launcher, cwd=self.tmp, fresh_inductor_cache=True,
+            env={"TMPDIR": str(process_tmp)},
+        )
         self.assertEqual((loaded["graphs_compiled"], loaded["same"]), (0, True))
+        # The load's copies of the package's kernels are gone with the process
+        # (NOTE: [Kernel copies are removed at exit] in torch/_dynamo/package_trust.py).
+        self.assertEqual([p.name for p in process_tmp.iterdir() if p.name.startswith("torch_package_")], [])
 
     def test_memory_format_found_through_another_module(self):
         # The C pickler names an object without __module__ (a memory format, a

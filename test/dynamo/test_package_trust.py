@@ -25,9 +25,12 @@ from torch._dynamo.package_trust import (
     check_kernel_binary,
     check_manifest_schema,
     check_name,
+    kernel_copies_dir,
     load_graph_pickle,
     parse_manifest,
     read_confined,
+    remove_kernel_copies,
+    remove_orphaned_kernel_copies,
 )
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
@@ -429,6 +432,77 @@ def _pem(label: str, der: bytes) -> bytes:
     body = base64.b64encode(der)
     lines = [body[i : i + 64] for i in range(0, len(body), 64)]
     return b"\n".join([f"-----BEGIN {label}-----".encode(), *lines, f"-----END {label}-----".encode(), b""])
+
+
+class KernelCopiesTests(torch._dynamo.test_case.TestCase):
+    """NOTE: [Kernel copies are removed at exit]: what a process that ended
+    without exit hooks left is removed; what a live process holds is not."""
+
+    def setUp(self):
+        super().setUp()
+        self.tmp = Path(tempfile.mkdtemp(prefix="kernel-copies-test-"))
+        self.old_tempdir, tempfile.tempdir = tempfile.tempdir, str(self.tmp)
+
+    def tearDown(self):
+        tempfile.tempdir = self.old_tempdir
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        super().tearDown()
+
+    def test_only_copies_no_live_process_holds_are_removed(self):
+        import fcntl
+
+        ours = kernel_copies_dir("torch_package_kernels_")
+        (ours / "k.so").write_bytes(b"kernel")
+        # A copy another live process holds: its lock file is locked by another
+        # open file description (flock locks of two descriptions conflict as
+        # those of two processes do).
+        other = self.tmp / "torch_package_ddp_kernels_live"
+        other.mkdir()
+        (other / ".owner.lock").write_bytes(b"")
+        held = os.open(other / ".owner.lock", os.O_RDONLY)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        # What a killed process left: its lock file, unlocked.
+        orphans = [self.tmp / "torch_package_kernels_dead1", self.tmp / "torch_bundled_graph_kernels_dead2"]
+        for orphan in orphans:
+            orphan.mkdir()
+            (orphan / ".owner.lock").write_bytes(b"")
+            (orphan / "k.so").write_bytes(b"kernel")
+        # Left alone: a directory being made (no lock file yet), and other names.
+        unlocked = self.tmp / "torch_package_kernels_being_made"
+        unlocked.mkdir()
+        (self.tmp / "torch_other_dir").mkdir()
+        (self.tmp / "torch_other_dir" / ".owner.lock").write_bytes(b"")
+
+        removed = remove_orphaned_kernel_copies(self.tmp)
+        self.assertEqual(sorted(removed), sorted(o.name for o in orphans))
+        self.assertEqual(
+            sorted(p.name for p in self.tmp.iterdir()),
+            sorted([ours.name, other.name, unlocked.name, "torch_other_dir"]),
+        )
+        self.assertEqual((ours / "k.so").read_bytes(), b"kernel")
+        remove_kernel_copies(ours)
+        self.assertFalse(ours.exists())
+        # Once "the other process" is gone, its copies are an orphan's.
+        os.close(held)
+        self.assertEqual(remove_orphaned_kernel_copies(self.tmp), [other.name])
+
+    def test_a_load_removes_what_a_killed_process_left(self):
+        code = (
+            "import os, tempfile, sys\n"
+            "tempfile.tempdir = sys.argv[1]\n"
+            "from torch._dynamo.package_trust import kernel_copies_dir\n"
+            "d = kernel_copies_dir('torch_package_kernels_')\n"
+            "(d / 'k.so').write_bytes(b'kernel')\n"
+            "print(d.name, flush=True)\n"
+            "os._exit(0)\n"
+        )
+        env = {k: v for k, v in os.environ.items() if k != "TMPDIR"}
+        left = subprocess.run(
+            [sys.executable, "-c", code, str(self.tmp)], env=env, check=True, capture_output=True, text=True
+        ).stdout.split()[-1]
+        self.assertTrue((self.tmp / left / "k.so").exists())  # os._exit ran no exit hook
+        self.assertEqual(remove_orphaned_kernel_copies(self.tmp), [left])
+        self.assertEqual(list(self.tmp.iterdir()), [])
 
 
 class Ed25519Tests(torch._dynamo.test_case.TestCase):

@@ -30,7 +30,6 @@ import importlib
 import inspect
 import logging
 import os
-import shutil
 import sys
 import threading
 import time
@@ -107,6 +106,8 @@ from .package_sources import (
 )
 from .package_trust import (
     extract_kernels,
+    remove_kernel_copies,
+    remove_kernel_copies_with,
 )
 
 
@@ -646,12 +647,12 @@ def _decode_entries(package: CompilePackage, files, entries: list[_Entry], kerne
         checked = [(entry, _store().checked_code(package, entry, path)) for entry in entries if entry.out_code]
     except BaseException:
         if kernel_dir is not None:
-            shutil.rmtree(kernel_dir, ignore_errors=True)
+            remove_kernel_copies(kernel_dir)
         raise
     if kernel_dir is not None:
         # Kernels load when a graph first runs; the copies go with the last
         # graph that may load them, or at exit.
-        weakref.finalize(redirect, shutil.rmtree, str(kernel_dir), True)
+        remove_kernel_copies_with(redirect, kernel_dir)
     return graphs, checked
 
 

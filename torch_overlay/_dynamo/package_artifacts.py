@@ -55,7 +55,6 @@ import shutil
 import sys
 import tempfile
 import types
-import weakref
 from pathlib import Path
 from typing import Any, Callable, cast, Optional
 
@@ -69,7 +68,13 @@ from .package_format import (
     PACKAGE_FORMAT_VERSION,
     SIGNATURE_FILE,
 )
-from .package_trust import load_graph_pickle, load_inductor_payload
+from .package_trust import (
+    kernel_copies_dir,
+    load_graph_pickle,
+    load_inductor_payload,
+    remove_kernel_copies,
+    remove_kernel_copies_with,
+)
 
 
 log = logging.getLogger(__name__)
@@ -1862,15 +1867,15 @@ def redirect_to_kernel_binaries(kernels: dict[str, bytes], prefix: str) -> _Kern
     if not kernels:
         return _KernelRedirect(kernel_paths)
     # Kernel binaries must be files to be loaded.
-    kernel_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    kernel_dir = kernel_copies_dir(prefix)
     for digest, blob in kernels.items():
         if not (isinstance(digest, str) and len(digest) == 64 and set(digest) <= set("0123456789abcdef")):
-            shutil.rmtree(kernel_dir, ignore_errors=True)
+            remove_kernel_copies(kernel_dir)
             raise PackageError(f"kernel name {str(digest)[:80]!r} is not a kernel hash")
         (kernel_dir / f"{digest}.so").write_bytes(blob)
         kernel_paths[digest] = str(kernel_dir / f"{digest}.so")
     redirect = _KernelRedirect(kernel_paths)
-    weakref.finalize(redirect, shutil.rmtree, str(kernel_dir), True)
+    remove_kernel_copies_with(redirect, kernel_dir)
     return redirect
 
 

@@ -60,6 +60,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: kernel copies are not locked
+    fcntl = None  # type: ignore[assignment]
+
 import torch
 from torch._dynamo.exc import PackageError
 
@@ -671,7 +677,7 @@ def extract_kernels(files: dict[str, bytes], where) -> tuple[Optional[Path], dic
             )
         check_kernel_binary(data, name, where)
         paths[digest[: -len(KERNEL_SUFFIX)]] = digest
-    directory = Path(tempfile.mkdtemp(prefix="torch_package_kernels_"))
+    directory = kernel_copies_dir("torch_package_kernels_")
     try:
         for key, filename in paths.items():
             target = directory / filename
@@ -680,9 +686,93 @@ def extract_kernels(files: dict[str, bytes], where) -> tuple[Optional[Path], dic
                 f.write(kernels[KERNEL_PREFIX + filename])
             paths[key] = str(target)
     except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
+        remove_kernel_copies(directory)
         raise
     return directory, paths
+
+
+# NOTE: [Kernel copies are removed at exit]
+# A load writes the package's kernel binaries to a private temporary directory
+# (dlopen needs files). It is removed when the last graph that may load them is
+# collected, or when the process exits (weakref.finalize's exit hook). A
+# process that ends without running exit hooks (killed, as a scheduler or
+# torchrun stops a job; ended by os._exit, as a forked multiprocessing child
+# and some distributed jobs end) leaves its copies behind: the next load on the
+# machine removes them. Each directory holds a lock file its process
+# keeps locked (flock) while it lives; the kernel takes the lock away when the
+# process ends, however it ends, so a directory whose lock can be taken is an
+# orphan. A pid would not tell that across pid namespaces (containers sharing
+# /tmp), where a live process's pid can be free in another. The lock file is
+# locked before it gets its name, so no directory is ever seen unlocked while
+# its process lives; a directory without one (being made, or older) is left.
+KERNEL_COPY_PREFIXES = ("torch_package_kernels_", "torch_package_ddp_kernels_", "torch_bundled_graph_kernels_")
+_OWNER_LOCK = ".owner.lock"
+# kernel copies directory -> the descriptor holding its lock
+_owner_locks: dict[str, int] = {}
+_orphans_removed = False
+
+
+def kernel_copies_dir(prefix: str) -> Path:
+    """A new private temporary directory for a load's kernel copies, locked by
+    this process (NOTE: [Kernel copies are removed at exit]); the first one a
+    process makes removes the orphans of processes that are gone."""
+    global _orphans_removed
+    if not _orphans_removed:
+        _orphans_removed = True
+        remove_orphaned_kernel_copies(Path(tempfile.gettempdir()))
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    if fcntl is not None:
+        unnamed = directory / f"{_OWNER_LOCK}.{os.getpid()}"
+        fd = os.open(unnamed, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _open_flags(), 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(unnamed, directory / _OWNER_LOCK)
+        _owner_locks[str(directory)] = fd
+    return directory
+
+
+def remove_kernel_copies(directory) -> None:
+    """Remove a directory kernel_copies_dir made, and release its lock."""
+    shutil.rmtree(directory, ignore_errors=True)
+    fd = _owner_locks.pop(str(directory), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def remove_kernel_copies_with(owner: object, directory) -> None:
+    """Remove ``directory`` when ``owner`` is collected, or at exit."""
+    import weakref
+
+    weakref.finalize(owner, remove_kernel_copies, str(directory))
+
+
+def remove_orphaned_kernel_copies(tmp: Path) -> list[str]:
+    """Remove the kernel copies in ``tmp`` that no live process holds; their names."""
+    if fcntl is None:
+        return []
+    removed = []
+    try:
+        names = [n for n in os.listdir(tmp) if n.startswith(KERNEL_COPY_PREFIXES)]
+    except OSError:
+        return []
+    for name in names:
+        path = tmp / name
+        try:
+            if os.lstat(path).st_uid != os.getuid():
+                continue
+            fd = os.open(path / _OWNER_LOCK, os.O_RDONLY | _open_flags())
+        except OSError:  # not ours, not a directory, or no lock file
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # its process lives
+            os.close(fd)
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
+        removed.append(name)
+    if removed:
+        log.info("package: removed %d kernel copies left by processes that are gone", len(removed))
+    return removed
 
 
 # ---------------------------------------------------------------------------
