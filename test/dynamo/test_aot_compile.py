@@ -590,6 +590,7 @@ class TestAOTCompile(torch._dynamo.test_case.TestCase):
     def setUp(self):
         super().setUp()
         self.tmp = Path(tempfile.mkdtemp(prefix="aot-compile-test-"))
+        self.addCleanup(shutil.rmtree, self.tmp, True)
 
     def run_process(self, code, *argv, cache=None, tmpdir=None):
         """Runs ``code`` in a fresh interpreter and returns its report."""

@@ -13,6 +13,7 @@ under torch.compile where eager runs.
 
 import json
 import os
+import shutil
 import tempfile
 
 import torch
@@ -138,9 +139,9 @@ class TestConstantFoldExceptions(torch._dynamo.test_case.TestCase):
     def test_package_saves_and_loads_in_a_fresh_process(self):
         # The encoder's frame falls back to eager (its mask is built there);
         # the block's frame is compiled, packaged and loaded.
-        package = os.path.join(
-            tempfile.mkdtemp(prefix="test_constant_fold_exceptions_"), "encoder"
-        )
+        tmp = tempfile.mkdtemp(prefix="test_constant_fold_exceptions_")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        package = os.path.join(tmp, "encoder")
         torch.manual_seed(0)
         encoder = Encoder()
         compiled = torch.compile(encoder, backend="eager", package=package)

@@ -11,6 +11,7 @@ refused with typed errors.
 
 import os
 import sys
+import shutil
 import tempfile
 import textwrap
 from pathlib import Path
@@ -147,6 +148,7 @@ class TestPackageStores(torch._dynamo.test_case.TestCase):
         super().setUp()
         PrecompileContext.clear()
         self.tmp = Path(tempfile.mkdtemp(prefix="package-stores-"))
+        self.addCleanup(shutil.rmtree, self.tmp, True)
         (self.tmp / "store_case.py").write_text(CASE)
         (self.tmp / "runner.py").write_text(RUNNER)
 

@@ -9,6 +9,7 @@ compiled in a fresh process.
 """
 
 import json
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -88,6 +89,7 @@ class TestStrictPrecompile(torch._dynamo.test_case.TestCase):
     def setUp(self):
         super().setUp()
         self.tmp = Path(tempfile.mkdtemp(prefix="precompile-config-test-"))
+        self.addCleanup(shutil.rmtree, self.tmp, True)
 
     def test_unsaveable_guard_leaves_the_entry_out_with_a_warning(self):
         compiled = torch.compile(scale_by, backend="eager", package=str(self.tmp / "pkg"))
@@ -118,6 +120,7 @@ class TestCachingPrecompile(torch._dynamo.test_case.TestCase):
     def setUp(self):
         super().setUp()
         self.tmp = Path(tempfile.mkdtemp(prefix="caching-precompile-test-"))
+        self.addCleanup(shutil.rmtree, self.tmp, True)
         (self.tmp / "cached_models.py").write_text(CACHED_MODELS)
 
     def run_process(self, kind, *, caching=True, stance="default", save=False, hold=True):
