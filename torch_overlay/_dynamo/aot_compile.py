@@ -978,6 +978,15 @@ def _check_belongs(entry, fn, where) -> None:
 # to know the caller meant the other. The scan reads the heap and changes
 # nothing; the one collection it may run is a plain gc.collect(), only when
 # candidates are left that differ.
+#
+# Upstream does without a search: its file holds the function's code and the
+# pickled contents of its closure and defaults, and a load builds the function
+# from them, in any process. That function runs the saving process's closure
+# values (a scale, a flag, a tensor a factory captured), not the loading
+# process's, and nothing at load compares the two: its guards read the closure
+# they were loaded with. A package here never runs code, weights or config
+# other than the loading process's, so a local function is the live one or
+# none, and finding the live one takes the scan.
 
 
 def _function_of(code_key, saved: Any, where, belongs=None):
