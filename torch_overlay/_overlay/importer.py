@@ -153,8 +153,8 @@ class _OverlaySourceLoader(importlib.abc.InspectLoader):
         # layout]), which is its installation: as pip compiles a wheel's modules
         # when it installs them, the overlay writes its bytecode there whatever
         # the flag says; otherwise every process under the flag compiled every
-        # patched and mirrored module again (0.1-0.2 s of each load, which the
-        # patched wheel, compiled at install, never pays).
+        # patched and mirrored module again, a cost on every start that the
+        # patched wheel, compiled at install, never pays.
         if pyc is not None:
             try:
                 pyc.parent.mkdir(parents=True, exist_ok=True)
