@@ -89,8 +89,8 @@ endif
 # suites side by side (-j2: the overlay's in the dev venv, the wheel's in its
 # own; neither shares a cache directory with the other), each one's output
 # printed whole when it finishes (--output-sync=target), with the transformers
-# sweep's sample and the export's import check taking the slot the shorter
-# suite frees; then the checks that read both. Three things are left to the
+# sweep's sample and the export's import check in the same two slots (a clean
+# clone: 52 minutes, README); then the checks that read both. Three things are left to the
 # nightly workflow, which runs each of them whole:
 # - tests marked @slowTest (upstream's decorator; PYTORCH_TEST_WITH_SLOW=1 runs
 #   them): the serving zoo's long tail, 4 ranks, the Inductor variants of tests
