@@ -486,6 +486,21 @@ class KernelCopiesTests(torch._dynamo.test_case.TestCase):
         os.close(held)
         self.assertEqual(remove_orphaned_kernel_copies(self.tmp), [other.name])
 
+    def test_without_flock_the_copies_are_made_unlocked(self):
+        import fcntl
+        import unittest.mock
+
+        def no_flock(fd, operation):
+            raise OSError(38, "Function not implemented")
+
+        with unittest.mock.patch.object(fcntl, "flock", no_flock):
+            copies = kernel_copies_dir("torch_package_kernels_")
+        self.assertEqual(list(copies.iterdir()), [])  # no lock file, half-made or named
+        # Not an orphan to another process (no lock file), and removed as usual.
+        self.assertEqual(remove_orphaned_kernel_copies(self.tmp), [])
+        remove_kernel_copies(copies)
+        self.assertFalse(copies.exists())
+
     def test_a_load_removes_what_a_killed_process_left(self):
         code = (
             "import os, tempfile, sys\n"

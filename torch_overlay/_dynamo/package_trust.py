@@ -724,9 +724,17 @@ def kernel_copies_dir(prefix: str) -> Path:
     if fcntl is not None:
         unnamed = directory / f"{_OWNER_LOCK}.{os.getpid()}"
         fd = os.open(unnamed, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _open_flags(), 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.rename(unnamed, directory / _OWNER_LOCK)
-        _owner_locks[str(directory)] = fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.rename(unnamed, directory / _OWNER_LOCK)
+        except OSError as e:
+            # A file system without flock: the copies are not locked, so no
+            # other process removes them, and exit hooks still do.
+            log.debug("package: kernel copies in %s are not locked: %s", directory, e)
+            os.close(fd)
+            unnamed.unlink(missing_ok=True)
+        else:
+            _owner_locks[str(directory)] = fd
     return directory
 
 
