@@ -606,8 +606,8 @@ class _TensorStandIn:
     # tensor: the stand-in has the saved number of dims (and no elements).
     ndim: int = 1
     # The outermost functorch wrapper of a tensor seen inside vmap / grad / jvp /
-    # functionalize ("batched", "grad" or "functional"), or None. See
-    # NOTE: [Functorch-wrapped tensor stand-ins].
+    # functionalize ("batched", "grad" or "functional"), or None.
+    # See NOTE: [Functorch-wrapped tensor stand-ins].
     functorch_wrapper: Optional[str] = None
     # made under inference_mode: no autograd dispatch keys
     is_inference: bool = False

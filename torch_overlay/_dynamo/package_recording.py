@@ -495,8 +495,8 @@ class RecordingBackend:
             if hasattr(backend, attr):
                 setattr(self, attr, getattr(backend, attr))
         # Dynamo enters the backend's own context around every call of the
-        # torch.compile()'d callable (the package's mark is a hook of its own:
-        # NOTE: [Entries a package's model uses]).
+        # torch.compile()'d callable (the package's mark is a hook of its own;
+        # see NOTE: [Entries a package's model uses]).
         if hasattr(backend, "backend_ctx_ctor"):
             self.backend_ctx_ctor = backend.backend_ctx_ctor
         self.package_uid: Optional[str] = None

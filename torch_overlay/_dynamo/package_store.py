@@ -325,8 +325,8 @@ def collect_files(package: CompilePackage) -> tuple[dict[str, bytes], dict]:
         [dataclasses.astuple(e) for e in kept], protocol=pickle.HIGHEST_PROTOCOL
     )
     manifest = _manifest(package, files, kept, graphs_kept)
-    # NOTE: [Trust model of compile packages]: signed with
-    # config.package_signing_key, the signature file next to the manifest.
+    # Signed with config.package_signing_key, the signature file next to the
+    # manifest. See NOTE: [Trust model of compile packages].
     signature = sign_manifest(manifest_bytes(manifest))
     if signature is not None:
         files[SIGNATURE_FILE] = signature
@@ -398,8 +398,8 @@ def _manifest(package: CompilePackage, files: dict[str, bytes], kept: list[_Entr
         "compile_options": {
             k: repr(v) for k, v in sorted((package.backend.options if package.backend else {}).items())
         },
-        # NOTE: [Frozen graphs in packages]: its graphs compute with constants
-        # folded from the parameters they were saved with.
+        # Its graphs compute with constants folded from the parameters they
+        # were saved with. See NOTE: [Frozen graphs in packages].
         "frozen": package._loaded_frozen
         or any(
             package._graph_records[artifact].frozen_under_no_grad

@@ -837,8 +837,8 @@ def check_kernel_binary(data: bytes, name: str, where) -> None:
 # suite's graphs (eager, aot_eager, Inductor forward/backward, dynamic shapes,
 # frozen graphs, tensor subclasses): data classes of AOTAutograd's cache entry
 # and runtime wrappers, Inductor's CompiledFxGraph and its boxes, FX graph
-# modules (rebuilt from their own generated code: a graph's code is code, see
-# NOTE: [Trust model of compile packages]), tensors, dtypes and sympy
+# modules (rebuilt from their own generated code: a graph's code is code;
+# see NOTE: [Trust model of compile packages]), tensors, dtypes and sympy
 # expressions. Functions are allowed by exact name only; classes by module, where
 # the module holds nothing but data classes and wrappers. Never allowed: any
 # callable that imports, evaluates, opens or loads (torch.load, eval, exec,
