@@ -57,6 +57,7 @@ import stat
 import struct
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any, Optional
 
@@ -748,8 +749,6 @@ def remove_kernel_copies(directory) -> None:
 
 def remove_kernel_copies_with(owner: object, directory) -> None:
     """Remove ``directory`` when ``owner`` is collected, or at exit."""
-    import weakref
-
     weakref.finalize(owner, remove_kernel_copies, str(directory))
 
 
