@@ -163,7 +163,7 @@ def _resolve_code(key: tuple, root_codes: list[types.CodeType]):
         for part in outer.split("."):
             obj = getattr(obj, part)
     except AttributeError:
-        return None
+        return _code_of_frozen_module(module, qualname)
     obj = getattr(obj, "__func__", obj)
     if isinstance(obj, property):
         # A property's accessor (transformers' ModuleUtilsMixin.device, whose
@@ -183,6 +183,27 @@ def _resolve_code(key: tuple, root_codes: list[types.CodeType]):
     if outer_code is None or outer == qualname:
         return outer_code
     found = [c for c in _nested_codes(outer_code) if c.co_qualname == qualname]
+    return found[0] if len(found) == 1 else None
+
+
+def _code_of_frozen_module(module: types.ModuleType, qualname: str):
+    """The code of ``qualname`` in a module that this process imported from
+    the interpreter's frozen modules (``os`` on Python 3.11), read from the
+    module's own frozen code object: a function the module deletes once it
+    has run it (``os._createenviron``, whose local functions encode and
+    decode the keys of ``os.environ``) has no name to be found by. The
+    module's functions were made from that very code, so the code found is
+    the code they run."""
+    spec = getattr(module, "__spec__", None)
+    if spec is None or spec.origin != "frozen":
+        return None
+    import _imp
+
+    try:
+        module_code = _imp.get_frozen_object(module.__name__)
+    except ImportError:
+        return None
+    found = [c for c in _nested_codes(module_code) if c.co_qualname == qualname]
     return found[0] if len(found) == 1 else None
 
 

@@ -243,8 +243,23 @@ def inlined_code_record(code: types.CodeType) -> tuple:
     if module_name is not None and lines is not None and last <= len(lines):
         digest = "lines:" + _sha256_lines(lines[first - 1 : last])
         return (INLINED, module_name, code.co_qualname, code.co_filename, first, last, digest)
-    module_name, qualname = generated_code_owner(code) or ("", code.co_qualname)
+    module_name, qualname = generated_code_owner(code) or frozen_code_owner(code) or ("", code.co_qualname)
     return (INLINED, module_name, qualname, code.co_filename, first, last, "code:" + code_fingerprint(code))
+
+
+def frozen_code_owner(code: types.CodeType) -> Optional[tuple[str, str]]:
+    """(module, qualname) of code from a module frozen into the interpreter
+    (``os`` on Python 3.11: co_filename ``<frozen os>``), which has no source
+    file to hash: its functions, local ones too (the encoder and decoder of
+    ``os.environ``, ``_createenviron.<locals>.encode``), are found again by
+    module and qualname and compared by their code's fingerprint."""
+    filename = code.co_filename
+    if not (filename.startswith("<frozen ") and filename.endswith(">")):
+        return None
+    module_name = filename[len("<frozen ") : -1]
+    if module_name not in sys.modules:
+        return None
+    return module_name, code.co_qualname
 
 
 def _portable_repr(value) -> str:
