@@ -61,33 +61,15 @@ READERS = {
 }
 
 
-# The model file of the package tests: the same module in both processes.
-PACKAGE_MODEL = """
-import os
-import torch
-
-ENV_NAME = "TORCH_TEST_ABSENT_KEY_MODE"
-
-
-def read_environ_get(x):
-    if os.environ.get(ENV_NAME) == "on":
-        return x + 1
-    return x - 1
-
-
-def read_environ_contains(x):
-    if ENV_NAME in os.environ:
-        return x + 1
-    return x - 1
-"""
-
+# The package tests save and load this module's readers in fresh processes,
+# which import it by its file name.
 SAVE_OR_LOAD = """
 import logging, sys
 import torch
-import absent_key_model
+import test_dict_absent_key_guards as readers
 
 phase, reader, path = sys.argv[1:4]
-fn = getattr(absent_key_model, reader)
+fn = getattr(readers, reader)
 messages = []
 
 
@@ -120,42 +102,33 @@ write_report(report)
 
 
 class TestDictAbsentKeyGuards(torch._dynamo.test_case.TestCase):
-    @parametrize("reader", list(READERS))
-    def test_a_key_set_after_the_compile_recompiles(self, reader):
+    def compile_then_set(self, reader, env_name, config_key):
+        """Frames compiled when ``reader`` runs with ENV_NAME unset and CONFIG
+        empty, then again after setting ``env_name`` and ``config_key``; each
+        result equals eager's."""
         fn = READERS[reader]
         counter = CompileCounter()
         compiled = torch.compile(fn, backend=counter)
         x = torch.ones(3)
         CONFIG.clear()
+        self.addCleanup(CONFIG.clear)
         with mock.patch.dict(os.environ, {ENV_NAME: "on"}):
             os.environ.pop(ENV_NAME)
             self.assertEqual(compiled(x), fn(x))
             self.assertEqual(counter.frame_count, 1)
-            os.environ[ENV_NAME] = "on"
-            CONFIG["scale"] = 3.0
-            try:
-                self.assertEqual(compiled(x), fn(x))
-            finally:
-                CONFIG.clear()
-        self.assertEqual(counter.frame_count, 2)
+            os.environ[env_name] = "on"
+            CONFIG[config_key] = 3.0
+            self.assertEqual(compiled(x), fn(x))
+        return counter.frame_count
+
+    @parametrize("reader", list(READERS))
+    def test_a_key_set_after_the_compile_recompiles(self, reader):
+        self.assertEqual(self.compile_then_set(reader, ENV_NAME, "scale"), 2)
 
     @parametrize("reader", list(READERS))
     def test_a_key_still_absent_reuses_the_compile(self, reader):
-        fn = READERS[reader]
-        counter = CompileCounter()
-        compiled = torch.compile(fn, backend=counter)
-        x = torch.ones(3)
-        CONFIG.clear()
-        with mock.patch.dict(os.environ, {ENV_NAME: "on"}):
-            os.environ.pop(ENV_NAME)
-            compiled(x)
-            os.environ["TORCH_TEST_ABSENT_KEY_OTHER"] = "1"
-            CONFIG["other"] = 1
-            try:
-                self.assertEqual(compiled(x), fn(x))
-            finally:
-                CONFIG.clear()
-        self.assertEqual(counter.frame_count, 1)
+        frames = self.compile_then_set(reader, "TORCH_TEST_ABSENT_KEY_OTHER", "other")
+        self.assertEqual(frames, 1)
 
 
 class TestPackagedEnvironmentReads(torch._dynamo.test_case.TestCase):
@@ -166,7 +139,6 @@ class TestPackagedEnvironmentReads(torch._dynamo.test_case.TestCase):
         super().setUp()
         self.tmp = Path(tempfile.mkdtemp(prefix="absent-key-test-"))
         self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
-        (self.tmp / "absent_key_model.py").write_text(textwrap.dedent(PACKAGE_MODEL))
 
     def run_phase(self, phase, reader, value):
         return run_code(
@@ -174,8 +146,8 @@ class TestPackagedEnvironmentReads(torch._dynamo.test_case.TestCase):
             phase,
             reader,
             str(self.tmp / f"package-{reader}"),
-            cwd=self.tmp,
-            pythonpath=[self.tmp],
+            cwd=self.tmp,  # not the repo: a wheel run must not import torch_overlay
+            pythonpath=[Path(__file__).resolve().parent],
             env={ENV_NAME: value},
             fresh_inductor_cache=True,
         )
