@@ -126,6 +126,24 @@ CASES = {
             calls = [(x, 1), (x, 2), (x, 3), (x, 4), (x, 1), (x, 2)]
             return f, calls, dict(backend=BACKEND, dynamic=False)
     """,
+    "recompile_limit_graph_break": """
+        import torch
+        torch._dynamo.config.cache_size_limit = 2
+        def f(x, n):
+            y = x * n
+            if y.sum() > 0:  # data-dependent: a graph break, a resume function per branch
+                return y + 1
+            return y - 1
+        def make():
+            torch.manual_seed(0)
+            x = torch.rand(4) + 0.1
+            # n = 3 hits the limit; then n = 1 with -x takes f's first entry
+            # into the other branch's resume function, which run-only mode
+            # runs eagerly: nothing compiled it, so the package has no entry
+            # for it.
+            calls = [(x, 1), (x, 2), (x, 3), (-x, 1), (-x, 2), (x, 1)]
+            return f, calls, dict(backend=BACKEND, dynamic=False)
+    """,
     "graph_break_in_an_inlined_method": """
         import torch
         class Experts(torch.nn.Module):
@@ -743,6 +761,17 @@ class TestPackage(PackageTestCase):
         # eagerly too instead of compiling them, and 1 and 2 from its entries.
         report = self.save_and_load("recompile_limit", "eager")
         self.assertEqual((report["saved_entries"], report["saved_skipped_frames"]), (2, 1))
+        self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 6)
+
+    def test_frames_called_under_a_code_at_its_recompile_limit(self):
+        # Past its limit f runs in run-only mode, and so do the frames it
+        # calls: the resume function of the branch first taken after the
+        # limit runs eagerly in the saving process, and must in a fresh one
+        # too, under f's loaded entries (NOTE: [Frames called under a code at
+        # its recompile limit]). f's two entries, the first branch's resume
+        # function (one entry, shapes static) and f's decision are saved.
+        report = self.save_and_load("recompile_limit_graph_break", "eager")
+        self.assertEqual((report["saved_entries"], report["saved_skipped_frames"]), (3, 1))
         self.assert_loaded_without_compiling(report, [{"same": True, "grads": 0}] * 6)
 
     def test_rnn_traced_with_allow_rnn(self):

@@ -271,6 +271,9 @@ class CompilePackage:
         # Entries read from a package: checked when they were first saved.
         self._entries_from_packages: set[int] = set()
         self._loaded_skips: list[_Entry] = []
+        # The live codes a loaded skip records at their recompile limit, as
+        # lookups meet them (NOTE: [Frames called under a code at its recompile limit]).
+        self._run_only_codes: set[types.CodeType] = set()
         # None: a frozen graph is checked at load against the module the package
         # belongs to. A list: the load has no module (aot_compile, where it is
         # the first argument of each call), and (graph, name) of each frozen
@@ -425,6 +428,7 @@ class CompilePackage:
         _installed_packages.discard(self)
         self._loaded.clear()
         self._loaded_skips.clear()
+        self._run_only_codes.clear()
 
     # -- compile side ------------------------------------------------------
     def wrap_backend(self, backend, kind: Optional[str] = None) -> RecordingBackend:
@@ -549,6 +553,9 @@ class CompilePackage:
         from torch._dynamo.convert_frame import input_codes
 
         code = frame.f_code
+        skip = next((skip for skip in self._loaded_skips if self._entry_matches(skip, code)), None)
+        if skip is not None and skip.frame_action == RUN_ONLY_CODE:
+            self._run_only_codes.add(code)
         rejected = []
         for loaded in list(self._loaded):
             if not self._entry_matches(loaded.entry, code):
@@ -559,10 +566,13 @@ class CompilePackage:
                 rejected.append(loaded)
                 continue
             return _installed_hit(self, loaded, code)
-        for skip in self._loaded_skips:
-            if self._entry_matches(skip, code):
-                input_codes.add(code)
-                return RUN_ONLY_FRAME if skip.frame_action == RUN_ONLY_CODE else SKIP_FRAME
+        if skip is not None:
+            input_codes.add(code)
+            return RUN_ONLY_FRAME if skip.frame_action == RUN_ONLY_CODE else SKIP_FRAME
+        if self._run_only_codes and _called_under(self._run_only_codes):
+            # See NOTE: [Frames called under a code at its recompile limit]
+            input_codes.add(code)
+            return RUN_ONLY_FRAME
         if rejected:
             _explain_miss(frame, rejected)
         return None
@@ -837,6 +847,37 @@ def explain_entries(compiled, *args, **kwargs) -> str:
     if package is None:
         raise ValueError(f"{compiled!r} was not compiled with torch.compile(..., package=...)")
     return package.explain(*args, **kwargs)
+
+
+# NOTE: [Frames called under a code at its recompile limit]
+# Once a code hits its recompile limit, Dynamo runs it in run-only mode, and
+# every frame called while it runs too (FrameExecStrategy's recursive action,
+# on a hit of its cache as on a miss): a callee that no entry accepts runs
+# eagerly instead of compiling. Zamba's Mamba layer does this: slow_forward
+# reaches the limit (one entry per layer index), and the resume function of
+# its data-dependent branch, which specializes on the sequence length, runs
+# eagerly at every length the saving process had not compiled. A fresh
+# process gets slow_forward's loaded entries through the package's lookup,
+# whose hits run with Dynamo's default strategy, so that resume function
+# would compile there (an error under fail_on_recompile) where the saving
+# process ran it eagerly. So a lookup that finds no entry and no recorded
+# decision for a frame answers run-only when the frame was called under a
+# code the package records at its recompile limit: the Python stack holds
+# that code, or the compiled code of one of its entries (orig_code_map), as
+# Dynamo's recursive run-only would have it. The stack is read only on such
+# a miss, where the alternative is a compile.
+def _called_under(codes: set[types.CodeType]) -> bool:
+    """Whether a frame on the Python stack runs one of ``codes`` or a
+    compiled entry of one of them."""
+    from torch._dynamo.convert_frame import orig_code_map
+
+    frame: Optional[types.FrameType] = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code in codes or orig_code_map.get(code) in codes:
+            return True
+        frame = frame.f_back
+    return False
 
 
 # What CompilePackage.lookup returns for a frame whose code the package
