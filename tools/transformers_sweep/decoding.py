@@ -23,13 +23,17 @@ loads its package).
 #    batch sizes never seen at save), the tokens of every row compared.
 #    Batch 1 is a size of its own (0/1 specialization), so neither phase has it.
 # e. generate() with a static cache, as c, where the model supports one
-#    (_supports_static_cache; eager fails where it does not). A decoder-only
-#    model gets a StaticCache of STATIC_CACHE_LENGTH positions passed in, the
-#    same size in both phases, as a server sizes it once: generate's own
+#    (_supports_static_cache; eager fails where it does not). The model gets
+#    a StaticCache of STATIC_CACHE_LENGTH positions passed in, the same size
+#    in both phases, as a server sizes it once: generate's own
 #    cache_implementation="static" sizes the cache by each call's prompt and
-#    new tokens, a new shape per length, which recompiles without any package
-#    too. An encoder-decoder's cross-attention cache must be as long as its
-#    encoder's input, so there generate() builds it (cache_implementation).
+#    new tokens, and a static cache's tensors keep their shapes (Dynamo takes
+#    them as static inputs), so every new length recompiles without any
+#    package too. An encoder-decoder gets that cache for its decoder's
+#    self-attention, in an EncoderDecoderCache beside a cross-attention
+#    StaticCache as long as the encoder's input (the encoder's output fills
+#    it), which is what generate() builds there. Both caches are built from
+#    config.get_text_config(), as generate() builds them.
 # A loop's k new tokens take k forward calls (a prefill and k - 1 steps).
 # A model whose forward takes no past_key_values, or returns none, cannot be
 # decoded by a and b; that is its eager failure, reported as such.
@@ -176,14 +180,17 @@ def static_cache_generate(model, ids: torch.Tensor, new_tokens: int) -> Decoded:
     """Spelling e: generate() with a static cache (NOTE: [Sweep spellings])."""
     if not getattr(model, "_supports_static_cache", False):
         raise ValueError(f"{type(model).__name__} does not support a static cache (_supports_static_cache)")
-    if is_encoder_decoder(model):
-        return greedy_generate(model, ids, new_tokens, cache_implementation="static")
-    from transformers import StaticCache
+    from transformers import EncoderDecoderCache, StaticCache
 
-    cache = StaticCache(
-        config=model.config, max_batch_size=ids.shape[0], max_cache_len=STATIC_CACHE_LENGTH,
-        device=ids.device, dtype=model.dtype,
-    )
+    def static_cache(length: int) -> StaticCache:
+        return StaticCache(
+            config=model.config.get_text_config(), max_batch_size=ids.shape[0],
+            max_cache_len=length, device=ids.device, dtype=model.dtype,
+        )
+
+    cache = static_cache(STATIC_CACHE_LENGTH)
+    if is_encoder_decoder(model):
+        cache = EncoderDecoderCache(cache, static_cache(ids.shape[-1]))
     return greedy_generate(model, ids, new_tokens, past_key_values=cache)
 
 
