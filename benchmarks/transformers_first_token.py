@@ -413,7 +413,8 @@ def main(argv=None) -> int:
         "torch": versions[0], "transformers": versions[1], "rounds": 0,
         "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "architectures": {},
     }
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="transformers-first-token-"))
+    # Absolute: the children run elsewhere, and their inductor caches live here.
+    workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="transformers-first-token-"))).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         with concurrent.futures.ThreadPoolExecutor(max(1, args.save_jobs)) as pool:
