@@ -771,7 +771,9 @@ class GuardsState:
     """What ``CheckFunctionManager.guards_state`` pickles."""
 
     output_graph: OutputGraphGuardsState
-    shape_code_parts: Optional[tuple]  # (python exprs, verbose exprs) or None
+    # (python exprs, verbose exprs, guard function body) or None; two parts
+    # without the speed-ups (NOTE: [Loaded shape guards reuse the saved guard body])
+    shape_code_parts: Optional[tuple]
 
 
 def _saved_create_fn(guard):
