@@ -15,6 +15,7 @@ import unittest.mock
 import torch
 import torch._dynamo.test_case
 from torch._dynamo import guards as dynamo_guards
+from torch._dynamo.exc import PackageError
 from torch._dynamo.package import load_guard_manager, load_guards_state
 from torch.testing._internal.common_utils import run_tests
 
@@ -78,6 +79,18 @@ class TestLoadedShapeGuards(torch._dynamo.test_case.TestCase):
             loaded = load_guard_manager(pickle.loads(pickle.dumps(state)), built.code, built.f_globals)
         self.assertEqual(derived, [len(state.shape_code_parts[0])])
         self.assert_decides_as(built, loaded)
+
+    def test_damaged_shape_code_parts_are_refused(self):
+        built = self.built()
+        state = load_guards_state(built.ref.guards_state)
+        # Also on a torch without the speed-ups, whose states have two parts.
+        exprs, verbose = state.shape_code_parts[:2]
+        for damaged in ((exprs, verbose, 5), (exprs, [1]), (exprs,), [exprs, verbose]):
+            state.shape_code_parts = damaged
+            with self.subTest(damaged=type(damaged).__name__), self.assertRaisesRegex(
+                PackageError, "guards state is damaged: its shape guards"
+            ):
+                load_guard_manager(state, built.code, built.f_globals)
 
 
 if __name__ == "__main__":

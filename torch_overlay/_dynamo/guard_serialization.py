@@ -1169,6 +1169,25 @@ def check_state_compatible(og: OutputGraphGuardsState, f_code) -> None:
         )
 
 
+def check_shape_code_parts(parts) -> None:
+    """Refuses shape code parts that are not what a save writes: None, or the
+    python and verbose expressions (two lists of str) and, with the speed-ups,
+    the guard function's body (a str), all of which the load turns into code
+    (NOTE: [Loaded shape guards reuse the saved guard body])."""
+    if parts is None:
+        return
+    if not (
+        isinstance(parts, tuple)
+        and len(parts) in (2, 3)
+        and all(isinstance(exprs, (list, tuple)) and all(isinstance(e, str) for e in exprs) for exprs in parts[:2])
+        and (len(parts) == 2 or isinstance(parts[2], str))
+    ):
+        raise PackageError(
+            "guards state is damaged: its shape guards are not two lists of expressions "
+            "and a guard body"
+        )
+
+
 def resolve_name(ref: _NamedRef):
     if isinstance(ref, _FSDPClassRef):
         return _resolve_fsdp_class(ref)
@@ -1258,6 +1277,7 @@ def hydrate(state: GuardsState, f_code, runtime_global_scope=None) -> LoadedGuar
     state = as_loaded_guards_state(state)
     og = state.output_graph
     check_state_compatible(og, f_code)
+    check_shape_code_parts(state.shape_code_parts)
     if runtime_global_scope is None:
         runtime_global_scope = _saved_module_globals(og.global_module)
     h = _Hydrator()
